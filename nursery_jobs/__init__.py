@@ -1,0 +1,61 @@
+"""nursery_jobs: the structured-concurrency job runtime for Trio services.
+
+Every background activity of a service lives in a nursery the runtime owns: named queues with
+their own worker limits and hard per-attempt timeouts, retries with backoff, snooze, discard and
+cancel, bounded waiting for receipts, and a graceful shutdown that interrupts (never loses) what
+is still running when the grace period ends.
+
+    import nursery_jobs as nj
+
+    app = nj.App()
+    app.queue("index", max_workers=4, timeout=30)
+
+    @app.job(queue="index")
+    async def index_doc(ctx: nj.JobContext, doc_id: int) -> None: ...
+
+    async def main(rt: nj.Runtime) -> None:
+        job_id = await index_doc.enqueue(doc_id=1)
+        print(await rt.wait(job_id, timeout=2.0))
+
+    nj.run(main, app=app)
+"""
+
+from .app import App, JobKind
+from .backends import Backend, open_backend
+from .backends.memory import MemoryBackend
+from .config import QueueConfig, RetryPolicy, RuntimeSettings
+from .errors import ArgsError, ConfigError, JobNotFound, NurseryJobsError, RuntimeClosed, UnknownJob
+from .infra.threads import run_blocking
+from .jobs import Discard, Job, JobContext, JobError, JobState, Receipt, Snooze
+from .runtime import QueueStats, Runtime, open_runtime, run
+
+__all__ = [
+    "App",
+    "ArgsError",
+    "Backend",
+    "ConfigError",
+    "Discard",
+    "Job",
+    "JobContext",
+    "JobError",
+    "JobKind",
+    "JobNotFound",
+    "JobState",
+    "MemoryBackend",
+    "NurseryJobsError",
+    "QueueConfig",
+    "QueueStats",
+    "Receipt",
+    "RetryPolicy",
+    "Runtime",
+    "RuntimeClosed",
+    "RuntimeSettings",
+    "Snooze",
+    "UnknownJob",
+    "open_backend",
+    "open_runtime",
+    "run",
+    "run_blocking",
+]
+
+__version__ = "0.1.0.dev0"

@@ -1,0 +1,192 @@
+"""The one interface between the runtime and storage, and `open_backend(url)`.
+
+The runtime never touches storage but through this protocol, so a behaviour written once in
+`tests/conformance/` holds on every backend. The calls are shaped for durable stores from the
+start: everything that can be a batch is a batch (claim k jobs, finish k outcomes, insert k
+jobs), every state change a worker writes carries the attempt number it was claimed with (a
+fencing token: a late worker can never overwrite a job that moved on), and wake-ups flow from
+the backend to the runtime as events rather than being polled for.
+
+Vocabulary:
+- `claim(queue, limit)` moves up to `limit` due jobs of `queue` to running, highest priority
+  first, then oldest `run_at`, then lowest id, and counts an attempt on each.
+- `finish_many(outcomes)` ends attempts. An outcome whose job is no longer running under the
+  same attempt is ignored (stale). A non-final outcome (retry, snooze, interrupted) of a job
+  whose cancellation was requested while it ran ends it as cancelled instead.
+- Events (`JobsAvailable`, `CancelRequested`, `JobFinalized`) are delivered to every listener,
+  in order, without blocking the backend.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Callable, Mapping, Protocol, Sequence, Union, runtime_checkable
+
+import attrs
+
+from ..errors import ConfigError
+from ..jobs import Job, JobError, JobState
+
+__all__ = [
+    "Backend",
+    "BackendEvent",
+    "CancelRequested",
+    "ClaimResult",
+    "ClaimedJob",
+    "InsertResult",
+    "JobFinalized",
+    "JobsAvailable",
+    "NewJob",
+    "Outcome",
+    "OutcomeKind",
+    "QueueCounts",
+    "open_backend",
+]
+
+
+@attrs.frozen
+class NewJob:
+    kind: str
+    queue: str
+    args_json: str
+    priority: int
+    run_at: float | None
+    """None: available now (the backend's clock decides `now`)."""
+    max_attempts: int
+    unique_key: str | None = None
+
+
+@attrs.frozen
+class InsertResult:
+    id: int
+    existing: bool
+    """True when `unique_key` matched a job that is not final yet: no new job was made."""
+
+
+@attrs.frozen
+class ClaimedJob:
+    id: int
+    kind: str
+    queue: str
+    args_json: str
+    attempt: int
+    max_attempts: int
+    priority: int
+
+
+@attrs.frozen
+class ClaimResult:
+    jobs: list[ClaimedJob]
+    next_due: float | None
+    """The earliest `run_at` of a job of this queue that is not due yet, if the backend knows it."""
+
+
+class OutcomeKind(enum.Enum):
+    COMPLETED = "completed"
+    RETRY = "retry"
+    SNOOZE = "snooze"
+    DISCARD = "discard"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+    """Shutdown cut the attempt: the attempt is given back and the job becomes available."""
+
+
+@attrs.frozen
+class Outcome:
+    job_id: int
+    attempt: int
+    kind: OutcomeKind
+    run_at: float | None = None
+    """For RETRY and SNOOZE: when to run again, on the backend's clock."""
+    error: JobError | None = None
+
+
+@attrs.frozen
+class QueueCounts:
+    available: int = 0
+    scheduled: int = 0
+    running: int = 0
+    retryable: int = 0
+    completed: int = 0
+    discarded: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    """Attempts that ended in an error or a timeout, over the jobs the backend still keeps."""
+    interrupted: int = 0
+    """Attempts given back because a shutdown cut them."""
+
+
+@attrs.frozen
+class JobsAvailable:
+    queue: str
+    due: float | None = None
+    """None: due now. Otherwise the earliest `run_at` among the jobs this event is about."""
+
+
+@attrs.frozen
+class CancelRequested:
+    job_id: int
+
+
+@attrs.frozen
+class JobFinalized:
+    job_id: int
+    state: JobState
+    error: str | None = None
+
+
+BackendEvent = Union[JobsAvailable, CancelRequested, JobFinalized]
+Listener = Callable[[BackendEvent], None]
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What every backend implements; see the module docstring for the semantics."""
+
+    url: str
+
+    def now(self) -> float: ...
+
+    def add_listener(self, listener: Listener) -> None: ...
+
+    def remove_listener(self, listener: Listener) -> None: ...
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def insert_many(self, jobs: Sequence[NewJob]) -> list[InsertResult]: ...
+
+    async def claim(self, queue: str, limit: int) -> ClaimResult: ...
+
+    async def finish_many(self, outcomes: Sequence[Outcome]) -> None: ...
+
+    async def cancel(self, job_id: int) -> JobState:
+        """Cancel a pending job now, or request cancellation of a running one.
+
+        Returns the state after the call (RUNNING when a request was sent). Raises JobNotFound.
+        """
+        ...
+
+    async def get_job(self, job_id: int) -> Job: ...
+
+    async def stats(self) -> Mapping[str, QueueCounts]: ...
+
+
+def open_backend(url: str) -> Backend:
+    """A backend for `url`. Supported now: ``memory://``.
+
+    Raises ConfigError for an unsupported or malformed URL.
+    """
+    if not isinstance(url, str):
+        raise ConfigError(f"backend must be a URL string or a Backend, not {url!r}")
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ConfigError(f"backend URL {url!r} has no scheme; use 'memory://'")
+    if scheme == "memory":
+        if rest:
+            raise ConfigError(f"the memory backend takes no location: use 'memory://', not {url!r}")
+        from .memory import MemoryBackend
+
+        return MemoryBackend()
+    raise ConfigError(f"unsupported backend URL scheme {scheme!r} in {url!r}; supported: 'memory://'")

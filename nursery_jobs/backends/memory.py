@@ -1,0 +1,304 @@
+"""The memory backend: the embedded default, and the reference the durable backends must match.
+
+It keeps rows in a dict and, per queue, two heaps: jobs that are due (ordered as a claim takes
+them: priority descending, then `run_at`, then id) and jobs that wait for their `run_at`
+(ordered by `run_at`). Heap entries are invalidated lazily: every state change bumps the row's
+`version`, and an entry whose version no longer matches is dropped when it reaches the top.
+That keeps every operation O(log n) without searching heaps for a row to remove.
+
+Its clock is `trio.current_time()`, so `MockClock` drives delays, retries and snoozes in tests.
+Arguments are kept as the JSON text the runtime encoded, and decoded again for every attempt,
+exactly as a durable backend would do.
+
+All methods are `async` to match the protocol but never yield: each one is atomic with respect
+to other Trio tasks, which is what lets the runtime make `enqueue` cancel-atomic on this
+backend.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Mapping, Sequence
+
+import trio
+
+from .._faults import NO_FAULTS, Faults
+from ..errors import JobNotFound
+from ..jobs import Job, JobError, JobState, decode_args
+from . import (
+    BackendEvent,
+    CancelRequested,
+    ClaimedJob,
+    ClaimResult,
+    InsertResult,
+    JobFinalized,
+    JobsAvailable,
+    Listener,
+    NewJob,
+    Outcome,
+    OutcomeKind,
+    QueueCounts,
+)
+
+_A, _S, _R, _RT = JobState.AVAILABLE, JobState.SCHEDULED, JobState.RUNNING, JobState.RETRYABLE
+_COUNTED = (_A, _S, _R, _RT, JobState.COMPLETED, JobState.DISCARDED, JobState.CANCELLED)
+
+
+class _Row:
+    __slots__ = (
+        "id", "kind", "queue", "args_json", "state", "attempt", "max_attempts", "priority",
+        "run_at", "created_at", "attempted_at", "finalized_at", "errors", "unique_key",
+        "cancel_requested", "version",
+    )  # fmt: skip
+
+    def __init__(self, id: int, new: NewJob, now: float) -> None:
+        self.id = id
+        self.kind = new.kind
+        self.queue = new.queue
+        self.args_json = new.args_json
+        self.run_at = now if new.run_at is None or new.run_at < now else new.run_at
+        self.state = _A if self.run_at <= now else _S
+        self.attempt = 0
+        self.max_attempts = new.max_attempts
+        self.priority = new.priority
+        self.created_at = now
+        self.attempted_at: float | None = None
+        self.finalized_at: float | None = None
+        self.errors: list[JobError] | None = None
+        self.unique_key = new.unique_key
+        self.cancel_requested = False
+        self.version = 0
+
+
+class _QueueState:
+    __slots__ = ("due", "waiting", "counts", "failed", "interrupted")
+
+    def __init__(self) -> None:
+        self.due: list[tuple[int, float, int, int]] = []  # (-priority, run_at, id, version)
+        self.waiting: list[tuple[float, int, int]] = []  # (run_at, id, version)
+        self.counts = dict.fromkeys(_COUNTED, 0)
+        self.failed = 0
+        self.interrupted = 0
+
+
+class MemoryBackend:
+    """Jobs in this process's memory. Lost when the process exits; shared by every runtime
+    given the same instance (which is how tests restart a runtime on the same jobs)."""
+
+    url = "memory://"
+
+    def __init__(self, *, faults: Faults = NO_FAULTS) -> None:
+        self._faults = faults
+        self._rows: dict[int, _Row] = {}
+        self._queues: dict[str, _QueueState] = {}
+        self._unique: dict[str, int] = {}
+        self._listeners: list[Listener] = []
+        self._next_id = 1
+
+    def __repr__(self) -> str:
+        return f"<MemoryBackend jobs={len(self._rows)}>"
+
+    def now(self) -> float:
+        return trio.current_time()
+
+    def add_listener(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        self._listeners.remove(listener)
+
+    def _emit(self, event: BackendEvent) -> None:
+        for listener in tuple(self._listeners):
+            listener(event)
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def _q(self, name: str) -> _QueueState:
+        q = self._queues.get(name)
+        if q is None:
+            q = self._queues[name] = _QueueState()
+        return q
+
+    def _move(self, row: _Row, q: _QueueState, state: JobState) -> None:
+        q.counts[row.state] -= 1
+        q.counts[state] += 1
+        row.state = state
+        row.version += 1
+
+    def _push(self, row: _Row, q: _QueueState) -> None:
+        if row.state is _A:
+            heapq.heappush(q.due, (-row.priority, row.run_at, row.id, row.version))
+        else:
+            heapq.heappush(q.waiting, (row.run_at, row.id, row.version))
+
+    def _finalize(self, row: _Row, q: _QueueState, state: JobState, now: float) -> JobFinalized:
+        self._move(row, q, state)
+        row.finalized_at = now
+        if row.unique_key is not None and self._unique.get(row.unique_key) == row.id:
+            del self._unique[row.unique_key]
+        errors = row.errors
+        return JobFinalized(row.id, state, errors[-1].message if errors else None)
+
+    async def insert_many(self, jobs: Sequence[NewJob]) -> list[InsertResult]:
+        now = self.now()
+        results: list[InsertResult] = []
+        due_now: set[str] = set()
+        due_later: dict[str, float] = {}
+        for new in jobs:
+            if new.unique_key is not None:
+                existing = self._unique.get(new.unique_key)
+                if existing is not None:
+                    results.append(InsertResult(existing, True))
+                    continue
+            row = _Row(self._next_id, new, now)
+            self._next_id += 1
+            self._rows[row.id] = row
+            q = self._q(row.queue)
+            q.counts[row.state] += 1
+            self._push(row, q)
+            if new.unique_key is not None:
+                self._unique[new.unique_key] = row.id
+            if row.state is _A:
+                due_now.add(row.queue)
+            else:
+                due_later[row.queue] = min(row.run_at, due_later.get(row.queue, row.run_at))
+            results.append(InsertResult(row.id, False))
+        for queue in sorted(due_now):
+            self._emit(JobsAvailable(queue))
+        for queue, due in sorted(due_later.items()):
+            self._emit(JobsAvailable(queue, due))
+        return results
+
+    async def claim(self, queue: str, limit: int) -> ClaimResult:
+        now = self.now()
+        q = self._q(queue)
+        rows = self._rows
+        waiting, due = q.waiting, q.due
+        while waiting and waiting[0][0] <= now:
+            _, job_id, version = heapq.heappop(waiting)
+            row = rows[job_id]
+            if row.version == version:
+                self._move(row, q, _A)
+                heapq.heappush(due, (-row.priority, row.run_at, row.id, row.version))
+        claimed: list[ClaimedJob] = []
+        while due and len(claimed) < limit:
+            _, _, job_id, version = heapq.heappop(due)
+            row = rows[job_id]
+            if row.version != version:
+                continue
+            self._move(row, q, _R)
+            row.attempt += 1
+            row.attempted_at = now
+            claimed.append(
+                ClaimedJob(row.id, row.kind, row.queue, row.args_json, row.attempt, row.max_attempts, row.priority)
+            )
+        next_due = None
+        while waiting:
+            run_at, job_id, version = waiting[0]
+            if rows[job_id].version == version:
+                next_due = run_at
+                break
+            heapq.heappop(waiting)
+        return ClaimResult(claimed, next_due)
+
+    async def finish_many(self, outcomes: Sequence[Outcome]) -> None:
+        now = self.now()
+        events: list[BackendEvent] = []
+        for out in outcomes:
+            row = self._rows.get(out.job_id)
+            if row is None or row.state is not _R or row.attempt != out.attempt:
+                continue  # stale: the job moved on without this worker
+            q = self._q(row.queue)
+            kind = out.kind
+            if out.error is not None:
+                row.errors = (row.errors or []) + [out.error]
+                if kind is OutcomeKind.RETRY or kind is OutcomeKind.DISCARD:
+                    q.failed += 1
+            if row.cancel_requested and kind in (OutcomeKind.RETRY, OutcomeKind.SNOOZE, OutcomeKind.INTERRUPTED):
+                kind = OutcomeKind.CANCELLED
+            if kind is OutcomeKind.COMPLETED:
+                events.append(self._finalize(row, q, JobState.COMPLETED, now))
+            elif kind is OutcomeKind.DISCARD:
+                events.append(self._finalize(row, q, JobState.DISCARDED, now))
+            elif kind is OutcomeKind.CANCELLED:
+                events.append(self._finalize(row, q, JobState.CANCELLED, now))
+            else:
+                if kind is OutcomeKind.INTERRUPTED:
+                    row.attempt -= 1
+                    q.interrupted += 1
+                    run_at = now
+                elif kind is OutcomeKind.SNOOZE:
+                    row.attempt -= 1
+                    run_at = now if out.run_at is None else max(out.run_at, now)
+                else:
+                    run_at = now if out.run_at is None else max(out.run_at, now)
+                row.run_at = run_at
+                if run_at <= now:
+                    self._move(row, q, _A)
+                    events.append(JobsAvailable(row.queue))
+                else:
+                    self._move(row, q, _RT if kind is OutcomeKind.RETRY else _S)
+                    events.append(JobsAvailable(row.queue, run_at))
+                self._push(row, q)
+        for event in events:
+            self._emit(event)
+
+    async def cancel(self, job_id: int) -> JobState:
+        row = self._row(job_id)
+        if row.state.final:
+            if self._faults.late_cancel_overwrites and row.state is not JobState.CANCELLED:
+                self._move(row, self._q(row.queue), JobState.CANCELLED)
+            return row.state
+        q = self._q(row.queue)
+        if row.state is _R:
+            if not row.cancel_requested:
+                row.cancel_requested = True
+                self._emit(CancelRequested(job_id))
+            return _R
+        self._emit(self._finalize(row, q, JobState.CANCELLED, self.now()))
+        return JobState.CANCELLED
+
+    def _row(self, job_id: int) -> _Row:
+        row = self._rows.get(job_id)
+        if row is None:
+            raise JobNotFound(f"no job with id {job_id!r} in {self.url}")
+        return row
+
+    async def get_job(self, job_id: int) -> Job:
+        row = self._row(job_id)
+        return Job(
+            id=row.id,
+            kind=row.kind,
+            queue=row.queue,
+            args=decode_args(row.args_json),
+            state=row.state,
+            attempt=row.attempt,
+            max_attempts=row.max_attempts,
+            priority=row.priority,
+            run_at=row.run_at,
+            created_at=row.created_at,
+            attempted_at=row.attempted_at,
+            finalized_at=row.finalized_at,
+            errors=tuple(row.errors or ()),
+            unique_key=row.unique_key,
+        )
+
+    async def stats(self) -> Mapping[str, QueueCounts]:
+        return {
+            name: QueueCounts(
+                available=q.counts[_A],
+                scheduled=q.counts[_S],
+                running=q.counts[_R],
+                retryable=q.counts[_RT],
+                completed=q.counts[JobState.COMPLETED],
+                discarded=q.counts[JobState.DISCARDED],
+                cancelled=q.counts[JobState.CANCELLED],
+                failed=q.failed,
+                interrupted=q.interrupted,
+            )
+            for name, q in sorted(self._queues.items())
+        }

@@ -1,0 +1,81 @@
+"""Receipt waiters: bounded in-request waiting for a job's outcome.
+
+A request handler that enqueued a job may wait a short, bounded time for it to finish ("write,
+then wait up to 2 s for the index"). Waiting is fed by the backend's `JobFinalized` events --
+one listener per runtime fans them out to the waiters -- never by each request polling the
+database. The waiter registers *before* it reads the job's state, so a job finalized between the
+read and the wait is never missed.
+
+Backpressure: at most `max_waiters` receipts are awaited at once per queue. Beyond that `wait`
+answers at once with `done=False` instead of queueing the request (the seed's 64 waiters per
+channel): a burst of requests degrades to "not done yet", never to an unbounded pile of waiters.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import trio
+
+from .errors import ConfigError
+from .jobs import Job, Receipt
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+__all__ = ["Receipts"]
+
+
+class Receipts:
+    def __init__(self, rt: Runtime, max_waiters: int) -> None:
+        self._rt = rt
+        self._max = max_waiters
+        self._events: dict[int, trio.Event] = {}
+        self._refs: dict[int, int] = {}
+        self._per_queue: dict[str, int] = {}
+
+    @property
+    def waiting(self) -> int:
+        return sum(self._per_queue.values())
+
+    def on_finalized(self, job_id: int) -> None:
+        event = self._events.pop(job_id, None)
+        if event is not None:
+            event.set()
+
+    async def wait(self, job_id: int, timeout: float) -> Receipt:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout < 0:
+            raise ConfigError(f"wait timeout must be a finite number of seconds >= 0, not {timeout!r}; every wait is bounded")
+        await trio.lowlevel.checkpoint()
+        backend = self._rt.backend
+        event = self._events.get(job_id)
+        if event is None:
+            event = self._events[job_id] = trio.Event()
+        self._refs[job_id] = self._refs.get(job_id, 0) + 1
+        queue = None
+        try:
+            job = await backend.get_job(job_id)
+            if job.state.final and not self._rt.faults.wait_misses_recorded:
+                return _receipt(job)
+            if self._per_queue.get(job.queue, 0) >= self._max:
+                return _receipt(job)
+            queue = job.queue
+            self._per_queue[queue] = self._per_queue.get(queue, 0) + 1
+            with trio.move_on_after(timeout):
+                await event.wait()
+            return _receipt(await backend.get_job(job_id))
+        finally:
+            if queue is not None:
+                self._per_queue[queue] -= 1
+            left = self._refs[job_id] - 1
+            if left:
+                self._refs[job_id] = left
+            else:
+                del self._refs[job_id]
+                if self._events.get(job_id) is event:
+                    del self._events[job_id]
+
+
+def _receipt(job: Job) -> Receipt:
+    return Receipt(job.id, job.state.final, job.state, job.errors[-1].message if job.errors else None)

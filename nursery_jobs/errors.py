@@ -1,0 +1,49 @@
+"""Every error nursery_jobs raises on purpose, in one place.
+
+Each message says what was wrong and what to do about it. All of them derive from
+`NurseryJobsError`, so a service can catch the library's errors without catching its own.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArgsError",
+    "ConfigError",
+    "JobNotFound",
+    "NurseryJobsError",
+    "RuntimeClosed",
+    "UnknownJob",
+]
+
+
+class NurseryJobsError(Exception):
+    """Base class of every error raised by nursery_jobs."""
+
+
+class ConfigError(NurseryJobsError, ValueError):
+    """The declared app or the runtime settings are invalid.
+
+    Raised at declaration or start-up time (unknown queue, max_workers < 1, duplicate job
+    name, bad timeout...), never later while jobs run.
+    """
+
+
+class ArgsError(NurseryJobsError, ValueError):
+    """Job arguments were rejected at enqueue time.
+
+    Arguments must be a dict of keyword arguments that survives a JSON round trip unchanged
+    (the durable backends store JSON; the memory backend round-trips too, so a test on memory
+    fails where production would) and that matches the handler's signature.
+    """
+
+
+class UnknownJob(NurseryJobsError, LookupError):
+    """A job kind name that no `@app.job` registered."""
+
+
+class JobNotFound(NurseryJobsError, LookupError):
+    """No job with this id exists in the backend (it may have been deleted by retention)."""
+
+
+class RuntimeClosed(NurseryJobsError, RuntimeError):
+    """The runtime is shutting down or closed, or there is no runtime in this context."""

@@ -1,0 +1,295 @@
+"""One queue's worker pool: a fetcher, `max_workers` workers, and the attempt wrapper.
+
+The problem: run the jobs of one queue with at most `max_workers` at a time, start a job as soon
+as it is due and a worker is free, end every attempt with exactly one outcome, and never let a
+slow queue delay another.
+
+The naive shape -- a loop that claims one job and spawns a task for it under a shared limiter --
+pays for a task spawn, a limiter and a claim round trip per job, and a shared limiter lets one
+hung queue starve the others. Instead each queue owns:
+
+- `max_workers` long-lived worker tasks. The pool size *is* the bound, so no limiter is needed;
+  an idle worker parks in the queue's idle list with its own `trio.Event`.
+- one fetcher, which claims as many due jobs as there are idle workers in a single backend call
+  and hands each claimed job straight to an idle worker. A "wake-up" flag is raised by every
+  insert notification and cleared *before* each claim, so a wake-up that lands while a claim is in
+  flight triggers another claim: there is no cooldown that can drop an insert. When nothing is
+  due the fetcher sleeps until the earliest scheduled `run_at` the backend reported, a wake-up, or
+  a free worker.
+
+An attempt runs inside exactly one `trio.CancelScope` whose deadline is the job's timeout.
+Shutdown and remote cancel cancel the same scope after writing their *reason* on the attempt, so
+the outcome is decided by which cause fired, not by the exception type: a reason of "cancel"
+gives cancelled, "shutdown" gives interrupted (the attempt is given back), no reason with the
+scope cancelled means the deadline passed (retryable, "timed out after N s"). One scope per
+attempt keeps the per-job cost low (field notes: a cancel scope is the largest per-item cost).
+
+Outcomes are not written here: they go to the completer, which writes them in batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import traceback
+from typing import TYPE_CHECKING, Any, Callable
+
+import trio
+
+from ._context import current_job_id
+from .backends import ClaimedJob, Outcome, OutcomeKind
+from .config import QueueConfig
+from .infra.owner import TaskOwner, open_children
+from .jobs import Discard, JobContext, JobError, Snooze, decode_args
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+log = logging.getLogger("nursery_jobs")
+
+__all__ = ["QueueExecutor"]
+
+_MAX_TRACEBACK = 16_384
+
+
+class _Slot:
+    __slots__ = ("event", "job")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.job: ClaimedJob | None = None
+
+
+class Attempt:
+    """A running attempt: its scope and, once someone cancels it, why."""
+
+    __slots__ = ("job", "scope", "reason", "queue")
+
+    def __init__(self, job: ClaimedJob, scope: trio.CancelScope, queue: QueueExecutor) -> None:
+        self.job = job
+        self.scope = scope
+        self.queue = queue
+        self.reason: str | None = None
+
+    def cancel(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+        self.scope.cancel()
+
+
+class QueueExecutor:
+    def __init__(self, rt: Runtime, cfg: QueueConfig) -> None:
+        self.rt = rt
+        self.cfg = cfg
+        self.name = cfg.name
+        self.max_workers = cfg.max_workers
+        self._idle: list[_Slot] = []
+        self._kick = trio.Event()
+        self._wake = True  # claim once at start-up: jobs may be waiting from before
+        self._next_due = math.inf
+        self._claiming = True
+        self._workers_alive = 0
+        self._all_exited = trio.Event()
+        self._owner: TaskOwner | None = None
+        self.started = 0
+
+    # -- notifications (synchronous, called from backend events and workers) --
+
+    def wake(self, due: float | None) -> None:
+        if due is None:
+            self._wake = True
+            self._kick.set()
+        elif due < self._next_due:
+            self._next_due = due
+            self._kick.set()
+
+    def stop_claiming(self) -> None:
+        self._claiming = False
+        self._kick.set()
+        idle, self._idle = self._idle, []
+        for slot in idle:
+            slot.event.set()  # job None: the worker exits
+
+    async def wait_workers_exited(self) -> None:
+        await self._all_exited.wait()
+
+    # -- tasks --
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        from .infra.owner import open_owner
+
+        workers = self.max_workers + (1 if self.rt.faults.pool_off_by_one else 0)
+        async with open_owner(f"queue:{self.name}") as owner:
+            self._owner = owner
+            self._workers_alive = workers
+            for i in range(workers):
+                owner.spawn(self._worker, name=f"worker-{i}")
+            owner.spawn(self._fetcher, name="fetcher")
+            task_status.started()
+
+    async def _fetcher(self) -> None:
+        backend = self.rt.backend
+        faults = self.rt.faults
+        while self._claiming:
+            now = backend.now()
+            if not self._idle or not (self._wake or now >= self._next_due):
+                self._kick = trio.Event()
+                if self._idle and self._next_due < math.inf:
+                    wait_until = trio.current_time() + (self._next_due - now)
+                else:
+                    wait_until = math.inf
+                with trio.move_on_at(wait_until):
+                    await self._kick.wait()
+                continue
+            if not faults.drop_wakeup_during_fetch:
+                self._wake = False
+            limit = len(self._idle)
+            result = await backend.claim(self.name, limit)
+            if faults.drop_wakeup_during_fetch:
+                self._wake = False
+            self._next_due = math.inf if result.next_due is None else result.next_due
+            for job in result.jobs:
+                slot = self._idle.pop()
+                slot.job = job
+                slot.event.set()
+            if len(result.jobs) == limit:
+                self._wake = True  # the queue may hold more than we had room for
+            if not self._claiming:
+                break
+        # Claimed jobs handed out above still run: they are part of the grace period.
+
+    async def _worker(self) -> None:
+        try:
+            while self._claiming:
+                slot = _Slot()
+                self._idle.append(slot)
+                self._kick.set()
+                await slot.event.wait()
+                job = slot.job
+                if job is None:
+                    return
+                self.started += 1
+                await self._execute(job)
+        finally:
+            self._workers_alive -= 1
+            if self._workers_alive == 0:
+                self._all_exited.set()
+
+    # -- one attempt --
+
+    async def _execute(self, job: ClaimedJob) -> None:
+        rt = self.rt
+        kind = rt.app._kinds.get(job.kind)
+        if kind is None:
+            self._finish(job, OutcomeKind.DISCARD, error=f"unknown job kind {job.kind!r}: no @app.job registers it in this process")
+            return
+        try:
+            args = decode_args(job.args_json)
+        except ValueError as exc:
+            self._finish(job, OutcomeKind.DISCARD, error=f"job args could not be decoded: {exc}")
+            return
+        timeout = rt.app.timeout_for(kind)
+        deadline = trio.current_time() + timeout if timeout is not None else math.inf
+        scope = trio.CancelScope(deadline=deadline)
+        attempt = Attempt(job, scope, self)
+        ctx = JobContext(
+            id=job.id,
+            kind=job.kind,
+            queue=job.queue,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
+            args=args,
+            deadline=deadline,
+            children_factory=self._children_factory(job),
+        )
+        rt.attempts[job.id] = attempt
+        token = current_job_id.set(job.id)
+        error: BaseException | None = None
+        try:
+            with scope:
+                try:
+                    await kind.fn(ctx, **args)
+                except Exception as exc:
+                    error = exc
+        except trio.Cancelled:
+            # Not our scope: the whole runtime is being torn down from outside. The attempt is
+            # given back, as in a shutdown, and the cancellation goes on.
+            self._finish(job, OutcomeKind.INTERRUPTED)
+            raise
+        finally:
+            current_job_id.reset(token)
+            del rt.attempts[job.id]
+        self._decide(job, kind, attempt, scope, error, timeout)
+
+    def _children_factory(self, job: ClaimedJob) -> Callable[[], Any]:
+        faults = self.rt.faults
+        name = f"job-{job.id}"
+        if faults.system_task_children:
+            from .infra.owner import system_children
+
+            return lambda: system_children()
+        escape = self._owner if faults.children_in_queue_scope else None
+        return lambda: open_children(name, escape)
+
+    def _decide(
+        self,
+        job: ClaimedJob,
+        kind: Any,
+        attempt: Attempt,
+        scope: trio.CancelScope,
+        error: BaseException | None,
+        timeout: float | None,
+    ) -> None:
+        faults = self.rt.faults
+        if scope.cancel_called and (error is not None or scope.cancelled_caught):
+            reason = None if faults.outcome_from_exception_type else attempt.reason
+            if reason == "cancel":
+                self._finish(job, OutcomeKind.CANCELLED)
+            elif reason == "shutdown":
+                self._finish(job, OutcomeKind.INTERRUPTED)
+            else:
+                self._fail(job, kind, f"timed out after {timeout:g} s", None)
+            return
+        if error is None:
+            self._finish(job, OutcomeKind.COMPLETED)
+        elif isinstance(error, Snooze):
+            if faults.snooze_counts_attempt:
+                self._fail(job, kind, f"snoozed for {error.seconds:g} s", None, delay=error.seconds)
+            else:
+                self._finish(job, OutcomeKind.SNOOZE, run_at=self.rt.backend.now() + error.seconds)
+        elif isinstance(error, Discard):
+            self._finish(job, OutcomeKind.DISCARD, error=error.reason)
+        else:
+            message = f"{type(error).__name__}: {error}"
+            tb = "".join(traceback.format_exception(error))[-_MAX_TRACEBACK:]
+            self._fail(job, kind, message, tb)
+
+    def _fail(self, job: ClaimedJob, kind: Any, message: str, tb: str | None, delay: float | None = None) -> None:
+        if job.attempt >= job.max_attempts:
+            self._finish(job, OutcomeKind.DISCARD, error=message, tb=tb)
+            return
+        if delay is None:
+            policy = kind.retry or self.rt.app.retry
+            rng = random.SystemRandom() if self.rt.faults.unseeded_jitter else self.rt.rng
+            delay = policy.delay(job.attempt, rng)
+        self._finish(job, OutcomeKind.RETRY, run_at=self.rt.backend.now() + delay, error=message, tb=tb)
+
+    def _finish(
+        self,
+        job: ClaimedJob,
+        kind: OutcomeKind,
+        *,
+        run_at: float | None = None,
+        error: str | None = None,
+        tb: str | None = None,
+    ) -> None:
+        err = None
+        if error is not None:
+            err = JobError(job.attempt, self.rt.backend.now(), error, tb)
+        self.rt.completer.push(Outcome(job.id, job.attempt, kind, run_at, err))
+
+    def cancel_running(self, reason: str) -> None:
+        for attempt in list(self.rt.attempts.values()):
+            if attempt.queue is self:
+                attempt.cancel(reason)

@@ -1,0 +1,37 @@
+"""The one `trio.run` of the library, and the signal watcher of `nursery_jobs.run`."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
+
+import trio
+
+__all__ = ["run_trio", "watch_shutdown_signals"]
+
+T = TypeVar("T")
+
+
+def run_trio(
+    async_fn: Callable[..., Awaitable[T]],
+    *args: Any,
+    clock: trio.abc.Clock | None = None,
+    instruments: Sequence[trio.abc.Instrument] = (),
+) -> T:
+    return trio.run(async_fn, *args, clock=clock, instruments=instruments)
+
+
+async def watch_shutdown_signals(
+    on_first: Callable[[], None],
+    on_second: Callable[[], None],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Turn SIGINT/SIGTERM into calls: the first starts a graceful shutdown, any later one
+    skips what is left of the grace. Runs until cancelled."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()
+        seen = 0
+        async for _sig in signals:
+            seen += 1
+            (on_first if seen == 1 else on_second)()

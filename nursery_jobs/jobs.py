@@ -1,0 +1,180 @@
+"""The vocabulary of a job: its states, its public snapshot, its context, its outcomes.
+
+- A **job** is one request to run a registered handler (its *kind*) with JSON arguments.
+- An **attempt** is one execution of a job. Failures and timeouts cost an attempt; a snooze
+  does not; a shutdown that interrupts a job gives the attempt back.
+- An **outcome** ends an attempt: the handler returns (completed), raises `Snooze` (scheduled
+  again), raises `Discard` (discarded), raises anything else or times out (retryable, or
+  discarded once `max_attempts` is spent), or the job is cancelled from outside (cancelled).
+
+Arguments cross every backend as JSON text, the memory backend included: what cannot survive
+`json.loads(json.dumps(args)) == args` is refused at enqueue with `ArgsError`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from typing import Any
+
+import attrs
+
+from .errors import ArgsError
+
+__all__ = [
+    "Discard",
+    "Job",
+    "JobContext",
+    "JobError",
+    "JobState",
+    "Receipt",
+    "Snooze",
+    "decode_args",
+    "encode_args",
+]
+
+
+class JobState(str, enum.Enum):
+    """Where a job is in its life. The last three are final."""
+
+    AVAILABLE = "available"
+    """Ready to be claimed now."""
+    SCHEDULED = "scheduled"
+    """Waiting for its `run_at` (delayed or snoozed)."""
+    RUNNING = "running"
+    """Claimed by a worker; an attempt is in progress."""
+    RETRYABLE = "retryable"
+    """The last attempt failed; waiting for its backoff to pass."""
+    COMPLETED = "completed"
+    DISCARDED = "discarded"
+    """Failed for good: `Discard` raised, attempts spent, or the job could not be run."""
+    CANCELLED = "cancelled"
+
+    @property
+    def final(self) -> bool:
+        return self in _FINAL
+
+
+_FINAL = frozenset({JobState.COMPLETED, JobState.DISCARDED, JobState.CANCELLED})
+
+
+@attrs.frozen
+class JobError:
+    """One failed attempt, kept on the job."""
+
+    attempt: int
+    at: float
+    message: str
+    traceback: str | None = None
+
+
+@attrs.frozen
+class Job:
+    """A snapshot of a job row, as `Runtime.get_job` returns it.
+
+    Times are seconds on the backend's clock: `trio.current_time()` on the memory backend (so
+    `MockClock` drives it in tests), Unix time on durable backends.
+    """
+
+    id: int
+    kind: str
+    queue: str
+    args: dict[str, Any]
+    state: JobState
+    attempt: int
+    max_attempts: int
+    priority: int
+    run_at: float
+    created_at: float
+    attempted_at: float | None
+    finalized_at: float | None
+    errors: tuple[JobError, ...]
+    unique_key: str | None = None
+
+
+@attrs.frozen
+class Receipt:
+    """What `Runtime.wait` learnt about a job within its bound.
+
+    `done` is True only when the job reached a final state; `state` is the state last seen;
+    `error` is the last recorded error message, if any.
+    """
+
+    job_id: int
+    done: bool
+    state: JobState
+    error: str | None = None
+
+
+@attrs.frozen
+class JobContext:
+    """What a handler knows about the attempt it is running.
+
+    `deadline` is the Trio-clock instant at which the attempt's timeout fires (`inf` when the
+    job has no timeout). Handlers that need concurrent children open `ctx.children()`: the
+    children belong to this attempt and are cancelled with it.
+    """
+
+    id: int
+    kind: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    args: dict[str, Any]
+    deadline: float
+    _children_factory: Any = attrs.field(repr=False, alias="children_factory")
+
+    def children(self) -> Any:
+        """An async context manager owning this attempt's child tasks.
+
+        ``async with ctx.children() as tasks: tasks.spawn(fetch, url)`` -- the block waits for
+        the children; a timeout, cancel or shutdown of the job cancels them too.
+        """
+        return self._children_factory()
+
+
+class Snooze(Exception):
+    """Raise from a handler to run the job again after `seconds`, without spending an attempt."""
+
+    def __init__(self, seconds: float) -> None:
+        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+            raise TypeError(f"Snooze seconds must be a number, not {seconds!r}")
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(f"Snooze seconds must be finite and >= 0, not {seconds!r}")
+        super().__init__(seconds)
+        self.seconds = float(seconds)
+
+
+class Discard(Exception):
+    """Raise from a handler to end the job as discarded now, with `reason` recorded."""
+
+    def __init__(self, reason: str = "discarded by handler") -> None:
+        super().__init__(reason)
+        self.reason = str(reason)
+
+
+def encode_args(args: Any) -> str:
+    """JSON text for `args`, or `ArgsError` if it would not come back equal."""
+    if not isinstance(args, dict):
+        raise ArgsError(f"job args must be a dict of keyword arguments, not {type(args).__name__}")
+    try:
+        text = json.dumps(args, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ArgsError(
+            f"job args are not JSON-serialisable ({exc}); pass ids and plain data "
+            "(str, int, float, bool, None, list, dict with str keys), not objects"
+        ) from None
+    if json.loads(text) != args:
+        raise ArgsError(
+            f"job args {args!r} do not survive a JSON round trip (tuples become lists, "
+            "non-str keys become str); pass lists and dicts with str keys"
+        )
+    return text
+
+
+def decode_args(text: str) -> dict[str, Any]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"stored job args are not a JSON object: {text[:80]!r}")
+    return value

@@ -1,0 +1,417 @@
+"""`open_runtime` and `run`: the start order, the live `Runtime` handle, the shutdown sequence.
+
+Start order (each step only once the previous one is ready): validate the app and settings ->
+open the backend -> subscribe to its events -> completer -> one executor per queue -> user code.
+
+Shutdown reverses it, and every step is bounded:
+
+1. refuse new enqueues (`RuntimeClosed`) and stop claiming: fetchers stop, idle workers exit;
+2. wait up to `grace` seconds for running attempts to finish on their own;
+3. cancel what is still running, with the reason "shutdown": those attempts are *interrupted*,
+   not failed -- the attempt is given back and the job is available again (on durable backends,
+   for any process to pick up; at least once, nothing lost);
+4. wait up to `flush_bound` for the cancelled attempts to unwind, then stop the completer, which
+   writes every outcome still pending;
+5. unsubscribe and close the backend.
+
+The sequence runs shielded from outside cancellation but inside its own bounds, so `open_runtime`
+exits within `grace + 2 * flush_bound` as long as job code honours cancellation (a job that
+shields itself forever cannot be killed in Trio; the runtime names it in a warning instead).
+If the body is left by a cancellation from outside (or Ctrl-C), there is no grace: step 2 is
+skipped. `skip_grace()` (the second signal in `run`) ends step 2 early.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar
+
+import attrs
+import trio
+
+from ._context import current_runtime
+from ._faults import NO_FAULTS, Faults
+from .app import App
+from .backends import Backend, BackendEvent, CancelRequested, JobFinalized, JobsAvailable, NewJob, open_backend
+from .completer import Completer
+from .config import RuntimeSettings
+from .coordination import Receipts
+from .errors import ArgsError, ConfigError, RuntimeClosed
+from .executor import Attempt, QueueExecutor
+from .infra.owner import TaskOwner, open_owner
+from .infra.runner import run_trio, watch_shutdown_signals
+from .jobs import Job, JobState, Receipt, encode_args
+
+__all__ = ["QueueStats", "Runtime", "open_runtime", "run"]
+
+log = logging.getLogger("nursery_jobs")
+
+T = TypeVar("T")
+
+
+@attrs.frozen
+class QueueStats:
+    """One queue, as `Runtime.stats` reports it.
+
+    `running` counts attempts in progress in the backend (all processes); `queued` is available
+    + scheduled + retryable; `failed` counts attempts that ended in an error or a timeout;
+    `interrupted` counts attempts a shutdown gave back.
+    """
+
+    name: str
+    max_workers: int
+    running: int
+    queued: int
+    available: int
+    scheduled: int
+    retryable: int
+    completed: int
+    discarded: int
+    cancelled: int
+    failed: int
+    interrupted: int
+
+
+class Runtime:
+    """The live handle `open_runtime` yields. Its methods are safe to call from any task of the
+    service; each is a Trio checkpoint and each wait in it is bounded."""
+
+    def __init__(self, app: App, backend: Backend, settings: RuntimeSettings, queues: Sequence[str], faults: Faults) -> None:
+        self.app = app
+        self.backend = backend
+        self.settings = settings
+        self.faults = faults
+        self.rng = random.Random(random.getrandbits(64))
+        self.completer = Completer(backend, faults)
+        self.receipts = Receipts(self, settings.max_waiters)
+        self.executors = {name: QueueExecutor(self, app.queues[name]) for name in queues}
+        self.attempts: dict[int, Attempt] = {}
+        self.thread_limiter = trio.CapacityLimiter(settings.thread_limit)
+        self.threads_in_flight = 0
+        self.closing = False
+        self._grace_scope: trio.CancelScope | None = None
+        self._skip_grace = False
+
+    def __repr__(self) -> str:
+        return f"<Runtime backend={self.backend.url!r} queues={sorted(self.executors)} closing={self.closing}>"
+
+    # -- backend events --
+
+    def _on_event(self, event: BackendEvent) -> None:
+        if isinstance(event, JobsAvailable):
+            executor = self.executors.get(event.queue)
+            if executor is not None:
+                executor.wake(event.due)
+        elif isinstance(event, JobFinalized):
+            self.receipts.on_finalized(event.job_id)
+        elif isinstance(event, CancelRequested):
+            attempt = self.attempts.get(event.job_id)
+            if attempt is not None:
+                attempt.cancel("cancel")
+
+    # -- public API --
+
+    def _new_job(
+        self,
+        kind_name: str,
+        args: Mapping[str, Any],
+        delay: float | None,
+        run_at: float | None,
+        priority: int | None,
+        unique_key: str | None,
+    ) -> NewJob:
+        kind = self.app.kind(kind_name)
+        if not isinstance(args, Mapping):
+            raise ArgsError(f"args for job {kind_name!r} must be a mapping of keyword arguments, not {type(args).__name__}")
+        kind.check_args(args)
+        args_json = encode_args(dict(args))
+        if delay is not None and run_at is not None:
+            raise ConfigError("pass delay= or run_at=, not both")
+        if delay is not None:
+            if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay) or delay < 0:
+                raise ConfigError(f"delay must be a finite number of seconds >= 0, not {delay!r}")
+            run_at = self.backend.now() + delay if delay > 0 else None
+        elif run_at is not None and (
+            isinstance(run_at, bool) or not isinstance(run_at, (int, float)) or not math.isfinite(run_at)
+        ):
+            raise ConfigError(f"run_at must be a finite time on the backend's clock, not {run_at!r}")
+        if priority is None:
+            priority = kind.priority
+        elif isinstance(priority, bool) or not isinstance(priority, int):
+            raise ConfigError(f"priority must be an int, not {priority!r}")
+        if self.faults.invert_priority:
+            priority = -priority
+        if unique_key is not None and (not isinstance(unique_key, str) or not unique_key):
+            raise ConfigError(f"unique_key must be a non-empty str, not {unique_key!r}")
+        return NewJob(kind.name, kind.queue, args_json, priority, run_at, kind.max_attempts, unique_key)
+
+    def _check_open(self) -> None:
+        if self.closing:
+            raise RuntimeClosed(
+                "the runtime is shutting down and accepts no new jobs; enqueue before shutdown "
+                "begins, or from the next run of the service"
+            )
+
+    async def _insert(self, jobs: list[NewJob]) -> list[int]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        results = await self.backend.insert_many(jobs)
+        if self.faults.enqueue_checkpoint_after_insert:
+            await trio.lowlevel.checkpoint()
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        return [r.id for r in results]
+
+    async def enqueue(
+        self,
+        kind: str,
+        args: Mapping[str, Any] | None = None,
+        *,
+        delay: float | None = None,
+        run_at: float | None = None,
+        priority: int | None = None,
+        unique_key: str | None = None,
+    ) -> int:
+        """Enqueue one job of kind `kind` with keyword arguments `args`; returns its id.
+
+        `delay` (seconds) or `run_at` (backend clock) schedule it for later; higher `priority`
+        runs first (default: the kind's); with `unique_key`, while a job with that key is not
+        final, the existing job's id is returned and no job is added. Raises UnknownJob,
+        ArgsError, ConfigError, or RuntimeClosed once shutdown began. Cancel-atomic: if the
+        caller is cancelled, the job was not enqueued.
+        """
+        new = self._new_job(kind, args or {}, delay, run_at, priority, unique_key)
+        return (await self._insert([new]))[0]
+
+    async def enqueue_many(
+        self,
+        kind: str,
+        many: Iterable[Mapping[str, Any]],
+        *,
+        delay: float | None = None,
+        run_at: float | None = None,
+        priority: int | None = None,
+    ) -> list[int]:
+        """Enqueue one job of `kind` per mapping in `many`, in one backend call; returns the ids
+        in order. Every job is validated first: one bad mapping rejects the whole batch."""
+        jobs = [self._new_job(kind, args, delay, run_at, priority, None) for args in many]
+        if not jobs:
+            await trio.lowlevel.checkpoint()
+            return []
+        return await self._insert(jobs)
+
+    async def get_job(self, job_id: int) -> Job:
+        """A snapshot of the job. Raises JobNotFound."""
+        await trio.lowlevel.checkpoint()
+        return await self.backend.get_job(job_id)
+
+    async def wait(self, job_id: int, *, timeout: float) -> Receipt:
+        """Wait at most `timeout` seconds for the job to reach a final state.
+
+        Returns a Receipt: `done` tells whether it did. Never raises for a slow job; when
+        `max_waiters` receipts are already awaited in its queue, answers at once. Raises
+        JobNotFound for an unknown id.
+        """
+        return await self.receipts.wait(job_id, timeout)
+
+    async def cancel(self, job_id: int) -> JobState:
+        """Cancel a job: a pending one is cancelled at once; a running one has its attempt's
+        scope cancelled (wherever it runs) and ends as cancelled when its handler unwinds; a
+        final one is left alone. Idempotent. Returns the job's state right after the request."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        state = await self.backend.cancel(job_id)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return state
+
+    async def stats(self) -> dict[str, QueueStats]:
+        """Per queue of the app: its worker limit and its jobs by state."""
+        await trio.lowlevel.checkpoint()
+        counts = await self.backend.stats()
+        out: dict[str, QueueStats] = {}
+        from .backends import QueueCounts
+
+        for name, cfg in sorted(self.app.queues.items()):
+            c = counts.get(name, QueueCounts())
+            out[name] = QueueStats(
+                name=name,
+                max_workers=cfg.max_workers,
+                running=c.running,
+                queued=c.available + c.scheduled + c.retryable,
+                available=c.available,
+                scheduled=c.scheduled,
+                retryable=c.retryable,
+                completed=c.completed,
+                discarded=c.discarded,
+                cancelled=c.cancelled,
+                failed=c.failed,
+                interrupted=c.interrupted,
+            )
+        return out
+
+    def skip_grace(self) -> None:
+        """End the grace period now (or make the coming shutdown skip it): running attempts
+        are interrupted at once."""
+        self._skip_grace = True
+        if self._grace_scope is not None:
+            self._grace_scope.cancel()
+
+    # -- shutdown --
+
+    async def _wait_idle(self) -> None:
+        for executor in self.executors.values():
+            await executor.wait_workers_exited()
+
+    async def _shutdown(self, graceful: bool) -> None:
+        settings = self.settings
+        with trio.CancelScope(shield=True):
+            self.closing = True
+            for executor in self.executors.values():
+                executor.stop_claiming()
+            if graceful and not self._skip_grace:
+                grace = math.inf if self.faults.unbounded_grace else settings.grace
+                with trio.move_on_after(grace) as self._grace_scope:
+                    await self._wait_idle()
+                self._grace_scope = None
+            for executor in self.executors.values():
+                executor.cancel_running("shutdown")
+            with trio.move_on_after(settings.flush_bound) as unwind:
+                await self._wait_idle()
+            if unwind.cancelled_caught:
+                stuck = ", ".join(f"job {a.job.id} ({a.job.kind})" for a in self.attempts.values())
+                log.warning(
+                    "shutdown: %s ignored cancellation for %g s; the runtime waits for them to unwind",
+                    stuck or "some attempts",
+                    settings.flush_bound,
+                )
+            self.completer.stop()
+            with trio.move_on_after(settings.flush_bound):
+                await self.completer.finished.wait()
+            await self.completer.drain_inline()
+
+
+def _is_cancellation(exc: BaseException | None) -> bool:
+    if exc is None:
+        return False
+    if isinstance(exc, (trio.Cancelled, KeyboardInterrupt)):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_is_cancellation(e) for e in exc.exceptions)
+    return False
+
+
+@asynccontextmanager
+async def open_runtime(
+    app: App,
+    *,
+    backend: str | Backend = "memory://",
+    grace: float = 20.0,
+    queues: Sequence[str] | None = None,
+    settings: RuntimeSettings | None = None,
+    _faults: Faults = NO_FAULTS,
+) -> AsyncIterator[Runtime]:
+    """Run `app`'s queues for the duration of the block and yield the live `Runtime`.
+
+    `backend`: a URL (``memory://``) or a Backend instance; a URL's backend is opened and closed
+    here, an instance is left open for its owner (which is how a test restarts a runtime on the
+    same jobs). `grace`: seconds shutdown waits for running jobs before interrupting them.
+    `queues`: the queues this runtime works (default: all of the app's; ``[]`` makes an
+    enqueue-only runtime). `settings`: the other tuning constants (see `RuntimeSettings`).
+
+    Raises ConfigError for a bad argument. A crash in a runtime service cancels the whole tree
+    and propagates from here (as an ExceptionGroup holding the original error).
+    """
+    if not isinstance(app, App):
+        raise ConfigError(f"open_runtime needs an nursery_jobs.App, not {app!r}")
+    settings = settings or RuntimeSettings()
+    settings = attrs.evolve(settings, grace=grace) if grace != settings.grace else settings
+    names = list(app.queues) if queues is None else list(queues)
+    unknown = [q for q in names if q not in app.queues]
+    if unknown:
+        raise ConfigError(f"queues {unknown} are not declared in the app (declared: {sorted(app.queues)})")
+    owns_backend = isinstance(backend, str)
+    be: Backend = open_backend(backend) if isinstance(backend, str) else backend
+    rt = Runtime(app, be, settings, names, _faults)
+    token = current_runtime.set(rt)
+    try:
+        if owns_backend:
+            await be.open()
+        be.add_listener(rt._on_event)
+        try:
+            async with open_owner("nursery_jobs.runtime") as owner:
+                await _start_services(rt, owner)
+                graceful = True
+                try:
+                    yield rt
+                except BaseException as exc:
+                    graceful = not _is_cancellation(exc)
+                    raise
+                finally:
+                    await rt._shutdown(graceful)
+        finally:
+            be.remove_listener(rt._on_event)
+            if owns_backend:
+                with trio.CancelScope(shield=True), trio.move_on_after(settings.flush_bound):
+                    await be.close()
+    finally:
+        current_runtime.reset(token)
+
+
+async def _start_services(rt: Runtime, owner: TaskOwner) -> None:
+    if rt.faults.swallow_service_errors:
+        owner.spawn_detached(rt.completer.run, name="completer")
+        for name, executor in rt.executors.items():
+            owner.spawn_detached(executor.run, name=f"queue:{name}")
+        await trio.lowlevel.checkpoint()
+        return
+    await owner.start(rt.completer.run, name="completer")
+    for name, executor in rt.executors.items():
+        await owner.start(executor.run, name=f"queue:{name}")
+
+
+def run(
+    main: Callable[[Runtime], Awaitable[T]],
+    *,
+    app: App,
+    backend: str | Backend = "memory://",
+    grace: float = 20.0,
+    queues: Sequence[str] | None = None,
+    settings: RuntimeSettings | None = None,
+) -> T | None:
+    """Hand the runtime the whole life of a service: start Trio, open the runtime, run
+    ``await main(rt)``, shut down, and return main's value.
+
+    SIGINT and SIGTERM start the graceful shutdown (main is cancelled, then running jobs get
+    `grace` seconds); a second signal skips what is left of the grace. After a signal, `run`
+    returns None, so a script that ends with it exits 0.
+    """
+
+    async def root() -> T | None:
+        result: T | None = None
+        async with open_owner("nursery_jobs.run") as owner:
+            main_scope = trio.CancelScope()
+            rt_box: list[Runtime] = []
+
+            def first() -> None:
+                main_scope.cancel()
+                if rt_box:
+                    rt_box[0].closing = True
+
+            def second() -> None:
+                main_scope.cancel()
+                if rt_box:
+                    rt_box[0].skip_grace()
+
+            await owner.start(watch_shutdown_signals, first, second, name="signals")
+            try:
+                async with open_runtime(app, backend=backend, grace=grace, queues=queues, settings=settings) as rt:
+                    rt_box.append(rt)
+                    with main_scope:
+                        result = await main(rt)
+            finally:
+                owner.cancel_scope.cancel()
+        return result
+
+    return run_trio(root)
