@@ -270,11 +270,15 @@ class MemoryBackend:
 
     async def get_job(self, job_id: int) -> Job:
         row = self._row(job_id)
+        try:
+            args = decode_args(row.args_json)
+        except ValueError:
+            args = {}  # undecodable rows are discarded with the decode error recorded on them
         return Job(
             id=row.id,
             kind=row.kind,
             queue=row.queue,
-            args=decode_args(row.args_json),
+            args=args,
             state=row.state,
             attempt=row.attempt,
             max_attempts=row.max_attempts,

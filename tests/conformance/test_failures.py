@@ -1,0 +1,119 @@
+"""Errors reach someone: a crash in a runtime service surfaces from open_runtime."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+import nursery_jobs as nj
+
+
+class Boom(Exception):
+    pass
+
+
+async def test_backend_failure_in_the_completer_surfaces(make_backend, autojump_clock):
+    app = nj.App()
+
+    @app.job()
+    async def noop(ctx: nj.JobContext) -> None:
+        pass
+
+    backend = make_backend()
+
+    async def broken_finish_many(outcomes):
+        raise Boom("disk full")
+
+    backend.finish_many = broken_finish_many  # type: ignore[method-assign]
+    with pytest.RaisesGroup(Boom, allow_unwrapped=False, flatten_subgroups=True):
+        async with nj.open_runtime(app, backend=backend):
+            await noop.enqueue()
+            await trio.sleep_forever()  # cancelled by the crash, not left hanging
+
+
+async def test_job_children_belong_to_the_attempt(make_backend, autojump_clock):
+    app = nj.App()
+    log = []
+
+    async def child(n: int) -> None:
+        try:
+            await trio.sleep(n)
+            log.append(("child done", n))
+        finally:
+            log.append(("child end", n, trio.current_time()))
+
+    @app.job(timeout=3, max_attempts=1)
+    async def fan_out(ctx: nj.JobContext) -> None:
+        async with ctx.children() as tasks:
+            tasks.spawn(child, 1)
+            tasks.spawn(child, 10)
+
+    async with nj.open_runtime(app, backend=make_backend()) as rt:
+        t0 = trio.current_time()
+        receipt = await rt.wait(await fan_out.enqueue(), timeout=20)
+    assert receipt.error == "timed out after 3 s"
+    assert ("child done", 1) in log and ("child done", 10) not in log
+    assert ("child end", 10, t0 + 3) in log
+
+
+async def test_run_blocking_runs_on_a_bounded_thread():
+    import threading
+    import time
+
+    app = nj.App()
+    app.queue("io", max_workers=4, timeout=None)
+    peak = 0
+    current = 0
+    lock = threading.Lock()
+
+    def blocking(n: int) -> int:
+        nonlocal peak, current
+        with lock:
+            current += 1
+            peak = max(peak, current)
+        time.sleep(0.05)
+        with lock:
+            current -= 1
+        return n * 2
+
+    results = []
+
+    @app.job(queue="io")
+    async def offload(ctx: nj.JobContext, n: int) -> None:
+        results.append(await nj.run_blocking(blocking, n))
+
+    settings = nj.RuntimeSettings(thread_limit=2)
+    async with nj.open_runtime(app, settings=settings) as rt:
+        ids = await offload.enqueue_many([{"n": n} for n in range(6)])
+        for job_id in ids:
+            assert (await rt.wait(job_id, timeout=10)).done
+        assert rt.threads_in_flight == 0
+    assert sorted(results) == [0, 2, 4, 6, 8, 10] and peak == 2
+
+
+async def test_run_blocking_is_never_abandoned():
+    import time
+
+    app = nj.App()
+    finished = []
+
+    def blocking() -> None:
+        time.sleep(0.3)
+        finished.append(True)
+
+    @app.job(timeout=0.05, max_attempts=1)
+    async def offload(ctx: nj.JobContext) -> None:
+        await nj.run_blocking(blocking)
+        finished.append("handler saw the result")
+        await trio.sleep(0)  # the first checkpoint after the thread delivers the timeout
+
+    async with nj.open_runtime(app) as rt:
+        receipt = await rt.wait(await offload.enqueue(), timeout=5)
+    # the job's timeout fired during the thread, but the attempt only ended once it returned
+    assert receipt.error == "timed out after 0.05 s"
+    assert finished == [True, "handler saw the result"]
+
+
+async def test_run_blocking_outside_a_runtime_is_an_error():
+    with pytest.raises(nj.RuntimeClosed, match="run_blocking"):
+        await nj.run_blocking(print)

@@ -1,0 +1,141 @@
+"""Graceful shutdown: stop claiming, wait up to grace, interrupt the rest, lose nothing."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+import nursery_jobs as nj
+
+
+def _app(log: list) -> nj.App:
+    app = nj.App()
+    app.queue("work", max_workers=2, timeout=None)
+
+    @app.job(queue="work")
+    async def sleeper(ctx: nj.JobContext, seconds: float) -> None:
+        log.append(("start", ctx.id, ctx.attempt, trio.current_time()))
+        try:
+            await trio.sleep(seconds)
+        finally:
+            log.append(("end", ctx.id, ctx.attempt, trio.current_time()))
+
+    return app
+
+
+async def test_jobs_that_finish_within_grace_complete(make_backend, autojump_clock):
+    log: list = []
+    app = _app(log)
+    backend = make_backend()
+    async with nj.open_runtime(app, backend=backend, grace=10) as rt:
+        job_id = await rt.enqueue("sleeper", {"seconds": 4})
+        await trio.sleep(1)
+        t0 = trio.current_time()
+    assert trio.current_time() - t0 == pytest.approx(3)
+    assert (await backend.get_job(job_id)).state is nj.JobState.COMPLETED
+
+
+async def test_jobs_past_grace_are_interrupted_at_exactly_grace_and_rerun_after_restart(make_backend, autojump_clock):
+    log: list = []
+    app = _app(log)
+    backend = make_backend()
+    async with nj.open_runtime(app, backend=backend, grace=5) as rt:
+        long_id = await rt.enqueue("sleeper", {"seconds": 100})
+        short_id = await rt.enqueue("sleeper", {"seconds": 2})
+        queued_id = await rt.enqueue("sleeper", {"seconds": 1})  # no free worker: never claimed
+        await trio.sleep(1)
+        t0 = trio.current_time()
+    t_exit = trio.current_time()
+    assert t_exit - t0 == pytest.approx(5)  # bounded by grace (+ an instant flush)
+    ends = {job: t for kind, job, _, t in log if kind == "end"}
+    assert ends[long_id] - t0 == pytest.approx(5)
+    long_job = await backend.get_job(long_id)
+    assert long_job.state is nj.JobState.AVAILABLE and long_job.attempt == 0 and long_job.errors == ()
+    assert (await backend.get_job(short_id)).state is nj.JobState.COMPLETED
+    stats = await backend.stats()
+    assert stats["work"].interrupted == 1 and stats["work"].available >= 1
+
+    # "restart": a new runtime on the same backend picks the interrupted job up at once
+    async with nj.open_runtime(app, backend=backend, grace=5) as rt:
+        r1 = await rt.wait(long_id, timeout=200)
+        r2 = await rt.wait(queued_id, timeout=200)
+    assert r1.state is nj.JobState.COMPLETED and r2.state is nj.JobState.COMPLETED
+    assert [a for k, j, a, _ in log if k == "start" and j == long_id] == [1, 1]
+
+
+async def test_stats_show_interrupted_jobs_back_in_available(make_backend, autojump_clock):
+    log: list = []
+    app = _app(log)
+    backend = make_backend()
+    async with nj.open_runtime(app, backend=backend, grace=0) as rt:
+        await rt.enqueue_many("sleeper", [{"seconds": 50}] * 2)
+        await trio.sleep(1)
+        assert (await rt.stats())["work"].running == 2
+    stats = (await backend.stats())["work"]
+    assert (stats.running, stats.available, stats.interrupted) == (0, 2, 2)
+
+
+async def test_enqueue_during_shutdown_is_refused(make_backend, autojump_clock):
+    log: list = []
+    app = _app(log)
+    refused = []
+
+    async def late_submitter(rt: nj.Runtime) -> None:
+        await trio.sleep(2)
+        try:
+            await rt.enqueue("sleeper", {"seconds": 1})
+        except nj.RuntimeClosed as exc:
+            refused.append(str(exc))
+
+    async with trio.open_nursery() as nursery:
+        async with nj.open_runtime(app, backend=make_backend(), grace=10) as rt:
+            await rt.enqueue("sleeper", {"seconds": 5})
+            nursery.start_soon(late_submitter, rt)
+            await trio.sleep(1)
+    assert refused and "shutting down" in refused[0]
+
+
+async def test_skip_grace_interrupts_at_once(make_backend, autojump_clock):
+    log: list = []
+    app = _app(log)
+    backend = make_backend()
+
+    async def second_signal(rt: nj.Runtime) -> None:
+        await trio.sleep(3)
+        rt.skip_grace()
+
+    async with trio.open_nursery() as nursery:
+        async with nj.open_runtime(app, backend=backend, grace=60) as rt:
+            await rt.enqueue("sleeper", {"seconds": 100})
+            await trio.sleep(1)
+            nursery.start_soon(second_signal, rt)
+            t0 = trio.current_time()
+    assert trio.current_time() - t0 == pytest.approx(3)  # the "signal" came 3 s in, not after 60
+
+
+async def test_outside_cancellation_skips_the_grace_and_keeps_the_job(make_backend, autojump_clock):
+    log: list = []
+    app = _app(log)
+    backend = make_backend()
+    with trio.move_on_after(3):
+        async with nj.open_runtime(app, backend=backend, grace=60) as rt:
+            job_id = await rt.enqueue("sleeper", {"seconds": 100})
+            await trio.sleep_forever()
+    assert trio.current_time() == pytest.approx(3)
+    job = await backend.get_job(job_id)
+    assert job.state is nj.JobState.AVAILABLE and job.attempt == 0
+
+
+async def test_job_that_ignores_cancellation_is_named_and_exit_still_waits(make_backend, autojump_clock, caplog):
+    app = nj.App()
+
+    @app.job()
+    async def stubborn(ctx: nj.JobContext) -> None:
+        with trio.CancelScope(shield=True):
+            await trio.sleep(30)
+
+    settings = nj.RuntimeSettings(flush_bound=5)
+    async with nj.open_runtime(app, backend=make_backend(), grace=1, settings=settings) as rt:
+        await stubborn.enqueue()
+        await trio.sleep(1)
+    assert "ignored cancellation" in caplog.text and "stubborn" in caplog.text

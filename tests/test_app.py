@@ -1,0 +1,176 @@
+"""Declaration-time and enqueue-time errors: bad input fails at the edge, with a message that
+says what was wrong and what to do."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+import nursery_jobs as nj
+
+
+def test_default_queue_always_exists():
+    app = nj.App()
+    assert app.queues["default"] == nj.QueueConfig("default", max_workers=10, timeout=60.0)
+    app.queue("default", max_workers=3, timeout=None)
+    assert app.queues["default"].max_workers == 3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_workers": 0}, "max_workers must be an int >= 1, not 0"),
+        ({"max_workers": 2.5}, "max_workers must be an int >= 1"),
+        ({"max_workers": 1, "timeout": 0}, "timeout must be a finite number of seconds > 0, not 0"),
+        ({"max_workers": 1, "timeout": float("inf")}, "finite"),
+        ({"max_workers": 1, "timeout": "30"}, "timeout must be a number of seconds"),
+    ],
+)
+def test_bad_queue_settings(kwargs, message):
+    with pytest.raises(nj.ConfigError, match=message):
+        nj.App().queue("index", **kwargs)
+
+
+def test_queue_declared_twice_or_after_its_jobs():
+    app = nj.App()
+    app.queue("index", max_workers=1)
+    with pytest.raises(nj.ConfigError, match="declared twice"):
+        app.queue("index", max_workers=2)
+
+    @app.job()
+    async def uses_default(ctx):
+        pass
+
+    with pytest.raises(nj.ConfigError, match="before the jobs that use it"):
+        app.queue("default", max_workers=2)
+
+
+def test_unknown_queue_in_a_job():
+    app = nj.App()
+    with pytest.raises(nj.ConfigError, match=r"unknown queue 'indx'.*app.queue\('indx'"):
+
+        @app.job(queue="indx")
+        async def index(ctx):
+            pass
+
+
+def test_duplicate_job_name():
+    app = nj.App()
+
+    @app.job()
+    async def send(ctx):
+        pass
+
+    with pytest.raises(nj.ConfigError, match="'send' is registered twice; pass name="):
+
+        @app.job(name="send")
+        async def send_again(ctx):
+            pass
+
+
+def test_sync_handler_is_refused():
+    app = nj.App()
+    with pytest.raises(nj.ConfigError, match="must be an `async def`.*run_blocking"):
+
+        @app.job()
+        def blocking(ctx):
+            pass
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"timeout": -1}, "job timeout must be"),
+        ({"max_attempts": 0}, "max_attempts must be an int >= 1"),
+        ({"priority": "high"}, "priority must be an int"),
+    ],
+)
+def test_bad_job_settings(kwargs, message):
+    with pytest.raises(nj.ConfigError, match=message):
+
+        @nj.App().job(**kwargs)
+        async def job(ctx):
+            pass
+
+
+def _app() -> tuple[nj.App, nj.JobKind]:
+    app = nj.App()
+
+    @app.job()
+    async def index_doc(ctx: nj.JobContext, doc_id: int, tags: list | None = None) -> None:
+        pass
+
+    return app, index_doc
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"doc_id": (1, 2)}, "do not survive a JSON round trip"),
+        ({"doc_id": object()}, "not JSON-serialisable"),
+        ({"doc_id": float("nan")}, "not JSON-serialisable"),
+        ({"doc_id": {1: "a"}}, "do not survive a JSON round trip"),
+        ({}, "do not fit job 'index_doc'"),
+        ({"doc_id": 1, "extra": 2}, "do not fit job 'index_doc'"),
+    ],
+)
+async def test_bad_args_are_refused_at_enqueue(args, message):
+    app, index_doc = _app()
+    async with nj.open_runtime(app) as rt:
+        with pytest.raises(nj.ArgsError, match=message):
+            await rt.enqueue("index_doc", args)
+        with pytest.raises(nj.ArgsError, match=message):
+            await index_doc.enqueue(**args)
+        with pytest.raises(nj.ArgsError):
+            await index_doc.enqueue_many([{"doc_id": 1}, args])
+        assert (await rt.stats())["default"].queued == 0  # one bad mapping rejects the batch
+
+
+async def test_unknown_kind_and_bad_options():
+    app, index_doc = _app()
+    async with nj.open_runtime(app) as rt:
+        with pytest.raises(nj.UnknownJob, match="no job kind named 'index'.*register it with @app.job"):
+            await rt.enqueue("index", {})
+        with pytest.raises(nj.ConfigError, match="delay= or run_at=, not both"):
+            await rt.enqueue("index_doc", {"doc_id": 1}, delay=1, run_at=5)
+        with pytest.raises(nj.ConfigError, match="delay must be"):
+            await index_doc.options(delay=-1).enqueue(doc_id=1)
+        with pytest.raises(nj.ConfigError, match="priority must be an int"):
+            await rt.enqueue("index_doc", {"doc_id": 1}, priority=1.5)
+        with pytest.raises(nj.ArgsError, match="must be a mapping"):
+            await rt.enqueue("index_doc", [1])
+
+
+async def test_enqueue_outside_a_runtime_says_where_to_call_it():
+    _, index_doc = _app()
+    with pytest.raises(nj.RuntimeClosed, match="open_runtime"):
+        await index_doc.enqueue(doc_id=1)
+
+
+async def test_kind_is_still_callable_directly_for_unit_tests():
+    app = nj.App()
+
+    @app.job()
+    async def double(ctx, n: int) -> int:
+        return n * 2
+
+    assert await double(None, n=4) == 8
+
+
+def test_bad_backend_urls():
+    for url, message in [
+        ("sqlite3:///x", "unsupported backend URL scheme 'sqlite3'"),
+        ("memory", "has no scheme"),
+        ("memory://somewhere", "takes no location"),
+    ]:
+        with pytest.raises(nj.ConfigError, match=message):
+            nj.open_backend(url)
+
+
+async def test_snooze_and_discard_validate_their_arguments():
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        nj.Snooze(-1)
+    with pytest.raises(TypeError):
+        nj.Snooze("soon")  # type: ignore[arg-type]
+    assert nj.Discard("gone").reason == "gone"
+    await trio.lowlevel.checkpoint()

@@ -1,0 +1,97 @@
+"""`nj.run`: hands the runtime the service's whole life; signals start the graceful shutdown."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import trio
+
+import nursery_jobs as nj
+
+
+def _app(log: list) -> nj.App:
+    app = nj.App()
+
+    @app.job()
+    async def work(ctx: nj.JobContext, seconds: float) -> None:
+        log.append(("start", ctx.id))
+        try:
+            await trio.sleep(seconds)
+            log.append(("done", ctx.id))
+        except trio.Cancelled:
+            log.append(("cancelled", ctx.id))
+            raise
+
+    return app
+
+
+def test_run_returns_mains_value():
+    log: list = []
+    app = _app(log)
+
+    async def main(rt: nj.Runtime) -> str:
+        job_id = await rt.enqueue("work", {"seconds": 0})
+        return (await rt.wait(job_id, timeout=5)).state.value
+
+    assert nj.run(main, app=app) == "completed"
+
+
+def test_first_signal_is_a_graceful_shutdown_that_lets_jobs_finish():
+    log: list = []
+    app = _app(log)
+    backend = nj.MemoryBackend()
+
+    async def main(rt: nj.Runtime) -> str:
+        await rt.enqueue("work", {"seconds": 0.2})
+        await trio.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+        await trio.sleep(30)
+        return "not reached"
+
+    assert nj.run(main, app=app, backend=backend, grace=10) is None
+    assert log == [("start", 1), ("done", 1)]
+
+
+def test_second_signal_skips_the_grace():
+    log: list = []
+    app = _app(log)
+    backend = nj.MemoryBackend()
+
+    @app.job()
+    async def resender(ctx: nj.JobContext) -> None:
+        # Runs during the grace period: plays the operator who presses Ctrl-C again.
+        await trio.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    async def main(rt: nj.Runtime) -> None:
+        await rt.enqueue("work", {"seconds": 60})
+        await rt.enqueue("resender", {})
+        await trio.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+        await trio.sleep(30)
+
+    import time
+
+    start = time.monotonic()
+    assert nj.run(main, app=app, backend=backend, grace=30) is None
+    assert time.monotonic() - start < 10
+    assert ("cancelled", 1) in log
+
+    async def check() -> nj.Job:
+        return await backend.get_job(1)
+
+    job = trio.run(check)
+    assert job.state is nj.JobState.AVAILABLE and job.attempt == 0
+
+
+def test_main_exception_propagates_after_shutdown():
+    app = _app([])
+
+    async def main(rt: nj.Runtime) -> None:
+        raise KeyError("boom")
+
+    with pytest.raises(BaseExceptionGroup) as info:
+        nj.run(main, app=app)
+    assert info.group_contains(KeyError)
