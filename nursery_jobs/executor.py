@@ -92,6 +92,7 @@ class QueueExecutor:
         self._workers_alive = 0
         self._all_exited = trio.Event()
         self._owner: TaskOwner | None = None
+        self._cancel_reason: str | None = None
         self.started = 0
 
     # -- notifications (synchronous, called from backend events and workers) --
@@ -150,6 +151,11 @@ class QueueExecutor:
                 self._wake = False
             self._next_due = math.inf if result.next_due is None else result.next_due
             for job in result.jobs:
+                if not self._idle:
+                    # Shutdown emptied the idle list while a (durable) claim was in flight:
+                    # give the job back rather than leave it running with no worker.
+                    self._finish(job, OutcomeKind.INTERRUPTED)
+                    continue
                 slot = self._idle.pop()
                 slot.job = job
                 slot.event.set()
@@ -180,6 +186,11 @@ class QueueExecutor:
 
     async def _execute(self, job: ClaimedJob) -> None:
         rt = self.rt
+        if self._cancel_reason is not None:
+            # Handed to this worker before shutdown cancelled the running attempts, but not
+            # started yet: it never starts, and the attempt is given back.
+            self._finish(job, OutcomeKind.INTERRUPTED)
+            return
         kind = rt.app._kinds.get(job.kind)
         if kind is None:
             self._finish(job, OutcomeKind.DISCARD, error=f"unknown job kind {job.kind!r}: no @app.job registers it in this process")
@@ -290,6 +301,7 @@ class QueueExecutor:
         self.rt.completer.push(Outcome(job.id, job.attempt, kind, run_at, err))
 
     def cancel_running(self, reason: str) -> None:
+        self._cancel_reason = reason
         for attempt in list(self.rt.attempts.values()):
             if attempt.queue is self:
                 attempt.cancel(reason)

@@ -154,6 +154,9 @@ class Discard(Exception):
         self.reason = str(reason)
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def encode_args(args: Any) -> str:
     """JSON text for `args`, or `ArgsError` if it would not come back equal."""
     if not isinstance(args, dict):
@@ -165,6 +168,10 @@ def encode_args(args: Any) -> str:
             f"job args are not JSON-serialisable ({exc}); pass ids and plain data "
             "(str, int, float, bool, None, list, dict with str keys), not objects"
         ) from None
+    # Flat args of exact scalar types always come back equal; only containers (tuples, non-str
+    # keys) and subclasses need the round trip to be checked.
+    if all(type(v) in _SCALARS for v in args.values()) and all(type(k) is str for k in args):
+        return text
     if json.loads(text) != args:
         raise ArgsError(
             f"job args {args!r} do not survive a JSON round trip (tuples become lists, "

@@ -34,7 +34,7 @@ import trio
 
 from ._context import current_runtime
 from ._faults import NO_FAULTS, Faults
-from .app import App
+from .app import App, JobKind
 from .backends import Backend, BackendEvent, CancelRequested, JobFinalized, JobsAvailable, NewJob, open_backend
 from .completer import Completer
 from .config import RuntimeSettings
@@ -116,16 +116,15 @@ class Runtime:
 
     def _new_job(
         self,
-        kind_name: str,
+        kind: JobKind[Any, Any],
         args: Mapping[str, Any],
         delay: float | None,
         run_at: float | None,
         priority: int | None,
         unique_key: str | None,
     ) -> NewJob:
-        kind = self.app.kind(kind_name)
         if not isinstance(args, Mapping):
-            raise ArgsError(f"args for job {kind_name!r} must be a mapping of keyword arguments, not {type(args).__name__}")
+            raise ArgsError(f"args for job {kind.name!r} must be a mapping of keyword arguments, not {type(args).__name__}")
         kind.check_args(args)
         args_json = encode_args(dict(args))
         if delay is not None and run_at is not None:
@@ -183,7 +182,7 @@ class Runtime:
         ArgsError, ConfigError, or RuntimeClosed once shutdown began. Cancel-atomic: if the
         caller is cancelled, the job was not enqueued.
         """
-        new = self._new_job(kind, args or {}, delay, run_at, priority, unique_key)
+        new = self._new_job(self.app.kind(kind), args or {}, delay, run_at, priority, unique_key)
         return (await self._insert([new]))[0]
 
     async def enqueue_many(
@@ -197,7 +196,8 @@ class Runtime:
     ) -> list[int]:
         """Enqueue one job of `kind` per mapping in `many`, in one backend call; returns the ids
         in order. Every job is validated first: one bad mapping rejects the whole batch."""
-        jobs = [self._new_job(kind, args, delay, run_at, priority, None) for args in many]
+        job_kind = self.app.kind(kind)
+        jobs = [self._new_job(job_kind, args, delay, run_at, priority, None) for args in many]
         if not jobs:
             await trio.lowlevel.checkpoint()
             return []

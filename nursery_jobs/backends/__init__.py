@@ -44,8 +44,8 @@ __all__ = [
 ]
 
 
-@attrs.frozen
-class NewJob:
+@attrs.define
+class NewJob:  # mutable only because frozen attrs classes cost 2x to build on the hot path
     kind: str
     queue: str
     args_json: str
@@ -56,15 +56,15 @@ class NewJob:
     unique_key: str | None = None
 
 
-@attrs.frozen
-class InsertResult:
+@attrs.define
+class InsertResult:  # mutable only because frozen attrs classes cost 2x to build on the hot path
     id: int
     existing: bool
     """True when `unique_key` matched a job that is not final yet: no new job was made."""
 
 
-@attrs.frozen
-class ClaimedJob:
+@attrs.define
+class ClaimedJob:  # mutable only because frozen attrs classes cost 2x to build on the hot path
     id: int
     kind: str
     queue: str
@@ -91,8 +91,8 @@ class OutcomeKind(enum.Enum):
     """Shutdown cut the attempt: the attempt is given back and the job becomes available."""
 
 
-@attrs.frozen
-class Outcome:
+@attrs.define
+class Outcome:  # mutable only because frozen attrs classes cost 2x to build on the hot path
     job_id: int
     attempt: int
     kind: OutcomeKind
