@@ -174,7 +174,7 @@ class Backend(Protocol):
 
 
 def open_backend(url: str) -> Backend:
-    """A backend for `url`. Supported now: ``memory://``.
+    """A backend for `url`: ``memory://`` or ``sqlite:///path/jobs.db[?synchronous=full|normal]``.
 
     Raises ConfigError for an unsupported or malformed URL.
     """
@@ -189,4 +189,11 @@ def open_backend(url: str) -> Backend:
         from .memory import MemoryBackend
 
         return MemoryBackend()
-    raise ConfigError(f"unsupported backend URL scheme {scheme!r} in {url!r}; supported: 'memory://'")
+    if scheme == "sqlite":
+        from .sqlite import SqliteBackend, parse_sqlite_url
+
+        path, synchronous = parse_sqlite_url(url)
+        return SqliteBackend(path, synchronous=synchronous)
+    raise ConfigError(
+        f"unsupported backend URL scheme {scheme!r} in {url!r}; supported: 'memory://', 'sqlite:///path/jobs.db'"
+    )

@@ -15,7 +15,7 @@ import trio
 
 from .._context import get_runtime
 
-__all__ = ["run_blocking"]
+__all__ = ["run_blocking", "run_sync_io"]
 
 T = TypeVar("T")
 
@@ -31,3 +31,9 @@ async def run_blocking(fn: Callable[..., T], *args: Any) -> T:
         return await trio.to_thread.run_sync(fn, *args, limiter=rt.thread_limiter, abandon_on_cancel=False)
     finally:
         rt.threads_in_flight -= 1
+
+
+async def run_sync_io(fn: Callable[..., T], *args: Any, limiter: trio.CapacityLimiter) -> T:
+    """For the library's own blocking I/O (SQLite calls): a thread under `limiter`, never
+    abandoned, so the Trio loop never blocks on a database call and no call outlives its caller."""
+    return await trio.to_thread.run_sync(fn, *args, limiter=limiter, abandon_on_cancel=False)

@@ -1,0 +1,403 @@
+"""The SQLite backend: embedded and durable (``sqlite:///path/to/jobs.db``).
+
+One file holds the jobs; WAL mode lets readers run beside the single writer, and every state
+change is one short transaction, so a process killed at any moment leaves the file consistent
+and loses nothing that was committed. Several processes may share a file: a claim is
+`BEGIN IMMEDIATE` (SQLite's write lock) around an `UPDATE ... RETURNING`, so two processes can
+never claim the same job, and every state change a worker writes is conditional on the attempt it
+claimed (the fencing token), so a late worker can never overwrite a job that moved on.
+
+SQLite calls block, and the Trio loop must not: each call runs on a worker thread through
+infra's `run_sync_io` under this backend's own limiter, one call at a time on the one
+connection (serialised by a `trio.Lock`), and is never abandoned. A call is short: SQLite's
+`busy_timeout` bounds how long it waits for another process's write lock.
+
+Clock: Unix time by default; tests pass `clock=trio.current_time` so `MockClock` drives it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from typing import Any, Callable, Mapping, Sequence
+from urllib.parse import parse_qs
+
+import trio
+
+from .._faults import NO_FAULTS, Faults
+from ..errors import ConfigError, JobNotFound
+from ..infra.threads import run_sync_io
+from ..jobs import Job, JobError, JobState, decode_args
+from . import (
+    BackendEvent,
+    CancelRequested,
+    ClaimedJob,
+    ClaimResult,
+    InsertResult,
+    JobFinalized,
+    JobsAvailable,
+    Listener,
+    NewJob,
+    Outcome,
+    OutcomeKind,
+    QueueCounts,
+)
+
+__all__ = ["SqliteBackend"]
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS nj_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS nj_jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    queue TEXT NOT NULL,
+    args TEXT NOT NULL,
+    state TEXT NOT NULL,
+    attempt INTEGER NOT NULL DEFAULT 0,
+    max_attempts INTEGER NOT NULL,
+    priority INTEGER NOT NULL DEFAULT 0,
+    run_at REAL NOT NULL,
+    created_at REAL NOT NULL,
+    attempted_at REAL,
+    finalized_at REAL,
+    heartbeat_at REAL,
+    errors TEXT,
+    failed_attempts INTEGER NOT NULL DEFAULT 0,
+    interrupted INTEGER NOT NULL DEFAULT 0,
+    unique_key TEXT,
+    cancel_requested INTEGER NOT NULL DEFAULT 0
+);
+-- Claim order, over claimable rows only, so claim cost does not grow with finished rows.
+CREATE INDEX IF NOT EXISTS nj_jobs_claim ON nj_jobs (queue, priority DESC, run_at, id)
+    WHERE state IN ('available', 'scheduled', 'retryable');
+CREATE INDEX IF NOT EXISTS nj_jobs_due ON nj_jobs (queue, run_at)
+    WHERE state IN ('available', 'scheduled', 'retryable');
+CREATE INDEX IF NOT EXISTS nj_jobs_running ON nj_jobs (heartbeat_at) WHERE state = 'running';
+-- While a job with a unique key is not final, no other job may hold that key.
+CREATE UNIQUE INDEX IF NOT EXISTS nj_jobs_unique ON nj_jobs (unique_key)
+    WHERE unique_key IS NOT NULL AND state NOT IN ('completed', 'discarded', 'cancelled');
+"""
+
+_PENDING = "('available', 'scheduled', 'retryable')"
+_FINAL = ("completed", "discarded", "cancelled")
+_SYNC_MODES = {"full": "FULL", "normal": "NORMAL"}
+
+
+def parse_sqlite_url(url: str) -> tuple[str, str]:
+    """(path, synchronous) from ``sqlite:///path?synchronous=full|normal``."""
+    rest = url[len("sqlite://") :]
+    path, _, query = rest.partition("?")
+    if not path.startswith("/") or path == "/":
+        raise ConfigError(f"SQLite URL {url!r} needs a path: 'sqlite:///jobs.db' or 'sqlite:////abs/jobs.db'")
+    path = path[1:]
+    params = parse_qs(query, keep_blank_values=True)
+    unknown = set(params) - {"synchronous"}
+    if unknown:
+        raise ConfigError(f"unknown SQLite URL option(s) {sorted(unknown)} in {url!r}; known: synchronous")
+    sync = params.get("synchronous", ["full"])[-1].lower()
+    if sync not in _SYNC_MODES:
+        raise ConfigError(f"synchronous must be 'full' or 'normal' in {url!r}, not {sync!r}")
+    return path, _SYNC_MODES[sync]
+
+
+class SqliteBackend:
+    """Jobs in one SQLite file, shared safely by every process that opens it."""
+
+    poll_interval = 1.0
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        synchronous: str = "FULL",
+        clock: Callable[[], float] = time.time,
+        busy_timeout: float = 10.0,
+        faults: Faults = NO_FAULTS,
+    ) -> None:
+        self.path = path
+        self.url = f"sqlite:///{path}"
+        self._synchronous = synchronous
+        self._clock = clock
+        self._busy_timeout = busy_timeout
+        self._faults = faults
+        self._conn: sqlite3.Connection | None = None
+        self._lock = trio.Lock()
+        self._limiter = trio.CapacityLimiter(1)
+        self._listeners: list[Listener] = []
+
+    def __repr__(self) -> str:
+        return f"<SqliteBackend {self.path!r}>"
+
+    def now(self) -> float:
+        return self._clock()
+
+    def add_listener(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        self._listeners.remove(listener)
+
+    def _emit(self, events: Sequence[BackendEvent]) -> None:
+        for event in events:
+            for listener in tuple(self._listeners):
+                listener(event)
+
+    # -- connection --
+
+    async def open(self) -> None:
+        if self._conn is None:
+            self._conn = await run_sync_io(self._connect, limiter=self._limiter)
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=self._busy_timeout)
+        except sqlite3.Error as exc:
+            raise ConfigError(f"cannot open SQLite database {self.path!r}: {exc}") from None
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self._synchronous}")
+        conn.executescript(_SCHEMA)
+        conn.execute("INSERT OR IGNORE INTO nj_meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        (version,) = conn.execute("SELECT value FROM nj_meta WHERE key = 'schema_version'").fetchone()
+        if int(version) != SCHEMA_VERSION:
+            conn.close()
+            raise ConfigError(
+                f"SQLite database {self.path!r} has schema version {version}, this nursery_jobs needs "
+                f"{SCHEMA_VERSION}; use a matching nursery_jobs version or a new file"
+            )
+        return conn
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            async with self._lock:
+                await run_sync_io(conn.close, limiter=self._limiter)
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self._conn is None:
+            await self.open()
+        async with self._lock:
+            return await run_sync_io(fn, *args, limiter=self._limiter)
+
+    def _tx(self, body: Callable[[sqlite3.Connection], Any]) -> Any:
+        conn = self._conn
+        assert conn is not None
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = body(conn)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return result
+
+    # -- protocol --
+
+    async def insert_many(self, jobs: Sequence[NewJob]) -> list[InsertResult]:
+        now = self.now()
+
+        def body(conn: sqlite3.Connection) -> list[InsertResult]:
+            out: list[InsertResult] = []
+            for new in jobs:
+                run_at = now if new.run_at is None or new.run_at < now else new.run_at
+                state = "available" if run_at <= now else "scheduled"
+                row = conn.execute(
+                    "INSERT INTO nj_jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at, unique_key)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL"
+                    " AND state NOT IN ('completed', 'discarded', 'cancelled') DO NOTHING RETURNING id",
+                    (new.kind, new.queue, new.args_json, state, new.max_attempts, new.priority, run_at, now, new.unique_key),
+                ).fetchone()
+                if row is None:
+                    (existing,) = conn.execute(
+                        "SELECT id FROM nj_jobs WHERE unique_key = ? AND state NOT IN ('completed', 'discarded', 'cancelled')",
+                        (new.unique_key,),
+                    ).fetchone()
+                    out.append(InsertResult(existing, True))
+                else:
+                    out.append(InsertResult(row[0], False))
+            return out
+
+        results: list[InsertResult] = await self._call(self._tx, body)
+        due_now: set[str] = set()
+        due_later: dict[str, float] = {}
+        for new, res in zip(jobs, results):
+            if res.existing:
+                continue
+            if new.run_at is None or new.run_at <= now:
+                due_now.add(new.queue)
+            else:
+                due_later[new.queue] = min(new.run_at, due_later.get(new.queue, new.run_at))
+        self._emit([JobsAvailable(q) for q in sorted(due_now)] + [JobsAvailable(q, d) for q, d in sorted(due_later.items())])
+        return results
+
+    async def claim(self, queue: str, limit: int) -> ClaimResult:
+        now = self.now()
+
+        def body(conn: sqlite3.Connection) -> ClaimResult:
+            rows = conn.execute(
+                "UPDATE nj_jobs SET state = 'running', attempt = attempt + 1, attempted_at = ?1, heartbeat_at = ?1"
+                f" WHERE id IN (SELECT id FROM nj_jobs WHERE queue = ?2 AND state IN {_PENDING} AND run_at <= ?1"
+                "   ORDER BY priority DESC, run_at, id LIMIT ?3)"
+                " RETURNING id, kind, queue, args, attempt, max_attempts, priority, run_at",
+                (now, queue, limit),
+            ).fetchall()
+            (next_due,) = conn.execute(
+                f"SELECT MIN(run_at) FROM nj_jobs WHERE queue = ? AND state IN {_PENDING} AND run_at > ?",
+                (queue, now),
+            ).fetchone()
+            rows.sort(key=lambda r: (-r[6], r[7], r[0]))
+            return ClaimResult([ClaimedJob(*r[:7]) for r in rows], next_due)
+
+        if limit <= 0:
+            return ClaimResult([], None)
+        result: ClaimResult = await self._call(self._tx, body)
+        return result
+
+    async def finish_many(self, outcomes: Sequence[Outcome]) -> None:
+        now = self.now()
+
+        def body(conn: sqlite3.Connection) -> list[BackendEvent]:
+            events: list[BackendEvent] = []
+            for out in outcomes:
+                row = conn.execute(
+                    "SELECT queue, state, attempt, cancel_requested, errors FROM nj_jobs WHERE id = ?", (out.job_id,)
+                ).fetchone()
+                if row is None:
+                    continue
+                queue, state, attempt, cancel_requested, errors_json = row
+                if state != "running" or attempt != out.attempt:
+                    continue  # stale: the job moved on without this worker
+                kind = out.kind
+                errors = json.loads(errors_json) if errors_json else []
+                failed = 0
+                if out.error is not None:
+                    e = out.error
+                    errors.append({"attempt": e.attempt, "at": e.at, "message": e.message, "traceback": e.traceback})
+                    failed = 1 if kind in (OutcomeKind.RETRY, OutcomeKind.DISCARD) else 0
+                if cancel_requested and kind in (OutcomeKind.RETRY, OutcomeKind.SNOOZE, OutcomeKind.INTERRUPTED):
+                    kind = OutcomeKind.CANCELLED
+                errors_text = json.dumps(errors) if errors else None
+                if kind in (OutcomeKind.COMPLETED, OutcomeKind.DISCARD, OutcomeKind.CANCELLED):
+                    final = {
+                        OutcomeKind.COMPLETED: JobState.COMPLETED,
+                        OutcomeKind.DISCARD: JobState.DISCARDED,
+                        OutcomeKind.CANCELLED: JobState.CANCELLED,
+                    }[kind]
+                    conn.execute(
+                        "UPDATE nj_jobs SET state = ?, finalized_at = ?, errors = ?, failed_attempts = failed_attempts + ?,"
+                        " heartbeat_at = NULL WHERE id = ?",
+                        (final.value, now, errors_text, failed, out.job_id),
+                    )
+                    events.append(JobFinalized(out.job_id, final, errors[-1]["message"] if errors else None))
+                    continue
+                give_back = 1 if kind in (OutcomeKind.INTERRUPTED, OutcomeKind.SNOOZE) else 0
+                run_at = now if kind is OutcomeKind.INTERRUPTED or out.run_at is None else max(out.run_at, now)
+                if run_at <= now:
+                    new_state = "available"
+                elif kind is OutcomeKind.RETRY:
+                    new_state = "retryable"
+                else:
+                    new_state = "scheduled"
+                conn.execute(
+                    "UPDATE nj_jobs SET state = ?, attempt = attempt - ?, run_at = ?, errors = ?,"
+                    " failed_attempts = failed_attempts + ?, interrupted = interrupted + ?, heartbeat_at = NULL"
+                    " WHERE id = ?",
+                    (new_state, give_back, run_at, errors_text, failed, 1 if kind is OutcomeKind.INTERRUPTED else 0, out.job_id),
+                )
+                events.append(JobsAvailable(queue, None if run_at <= now else run_at))
+            return events
+
+        events: list[BackendEvent] = await self._call(self._tx, body)
+        self._emit(events)
+
+    async def cancel(self, job_id: int) -> JobState:
+        now = self.now()
+
+        def body(conn: sqlite3.Connection) -> tuple[JobState, list[BackendEvent]]:
+            row = conn.execute("SELECT state, errors FROM nj_jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise JobNotFound(f"no job with id {job_id!r} in {self.url}")
+            state = JobState(row[0])
+            if state.final:
+                if self._faults.late_cancel_overwrites and state is not JobState.CANCELLED:
+                    conn.execute("UPDATE nj_jobs SET state = 'cancelled' WHERE id = ?", (job_id,))
+                return state, []
+            if state is JobState.RUNNING:
+                cur = conn.execute("UPDATE nj_jobs SET cancel_requested = 1 WHERE id = ? AND cancel_requested = 0", (job_id,))
+                return state, [CancelRequested(job_id)] if cur.rowcount else []
+            conn.execute("UPDATE nj_jobs SET state = 'cancelled', finalized_at = ? WHERE id = ?", (now, job_id))
+            errors = json.loads(row[1]) if row[1] else []
+            return JobState.CANCELLED, [JobFinalized(job_id, JobState.CANCELLED, errors[-1]["message"] if errors else None)]
+
+        state, events = await self._call(self._tx, body)
+        self._emit(events)
+        result: JobState = state
+        return result
+
+    async def get_job(self, job_id: int) -> Job:
+        def body() -> Any:
+            assert self._conn is not None
+            return self._conn.execute(
+                "SELECT id, kind, queue, args, state, attempt, max_attempts, priority, run_at, created_at,"
+                " attempted_at, finalized_at, errors, unique_key FROM nj_jobs WHERE id = ?",
+                (job_id,),
+            ).fetchone()
+
+        row = await self._call(body)
+        if row is None:
+            raise JobNotFound(f"no job with id {job_id!r} in {self.url}")
+        try:
+            args = decode_args(row[3])
+        except ValueError:
+            args = {}
+        errors = tuple(
+            JobError(e["attempt"], e["at"], e["message"], e.get("traceback")) for e in json.loads(row[12] or "[]")
+        )
+        return Job(
+            id=row[0],
+            kind=row[1],
+            queue=row[2],
+            args=args,
+            state=JobState(row[4]),
+            attempt=row[5],
+            max_attempts=row[6],
+            priority=row[7],
+            run_at=row[8],
+            created_at=row[9],
+            attempted_at=row[10],
+            finalized_at=row[11],
+            errors=errors,
+            unique_key=row[13],
+        )
+
+    async def stats(self) -> Mapping[str, QueueCounts]:
+        def body() -> Any:
+            assert self._conn is not None
+            return self._conn.execute(
+                "SELECT queue, state, COUNT(*), SUM(failed_attempts), SUM(interrupted) FROM nj_jobs GROUP BY queue, state"
+            ).fetchall()
+
+        rows = await self._call(body)
+        acc: dict[str, dict[str, int]] = {}
+        for queue, state, count, failed, interrupted in rows:
+            q = acc.setdefault(queue, {"failed": 0, "interrupted": 0})
+            q[state] = count
+            q["failed"] += failed or 0
+            q["interrupted"] += interrupted or 0
+        return {
+            name: QueueCounts(
+                available=c.get("available", 0),
+                scheduled=c.get("scheduled", 0),
+                running=c.get("running", 0),
+                retryable=c.get("retryable", 0),
+                completed=c.get("completed", 0),
+                discarded=c.get("discarded", 0),
+                cancelled=c.get("cancelled", 0),
+                failed=c["failed"],
+                interrupted=c["interrupted"],
+            )
+            for name, c in sorted(acc.items())
+        }
