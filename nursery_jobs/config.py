@@ -10,6 +10,10 @@
 | `RetryPolicy` | 1 s x 2^(n-1), cap 6 h, +/-10 % jitter | delay before attempt n+1 | exponential so transient faults clear fast and outages are not hammered; jitter spreads a thundering herd |
 | `max_waiters` | 64 per queue | receipts waited for at once; beyond it `wait` answers "not done" at once | the seed's in-request waiting: backpressure instead of an unbounded queue of waiters |
 | `thread_limit` | 16 | concurrent `run_blocking` threads | blocking code must not take every core nor grow without bound |
+| `heartbeat_interval` | 5 s | how often a process renews the claim on its running jobs | often enough that `rescue_after` can be short |
+| `rescue_after` | 60 s | a running job whose heartbeat is older is made available again by any process | River's 1 h default leaves crashed jobs stuck for an hour; a heartbeat makes a short bound safe |
+| `rescue_interval` | 15 s | how often each process looks for stale running jobs | a quarter of `rescue_after`: a crashed job waits at most ~1.25 x `rescue_after` |
+| `poll_interval` | backend's (memory: none; SQLite: 1 s) | fallback fetch when no wake-up arrives; `QueueConfig.poll_interval` overrides per queue (awaited queues: 0.1 s) | wake-ups from other processes can be lost or absent; polling bounds the delay |
 """
 
 from __future__ import annotations
@@ -72,6 +76,8 @@ class QueueConfig:
     name: str = attrs.field(validator=_check_name("queue"))
     max_workers: int = attrs.field(validator=_positive_int)
     timeout: float | None = attrs.field(validator=_timeout_validator)
+    poll_interval: float | None = attrs.field(default=None, validator=_timeout_validator)
+    """Fallback fetch period for this queue; None uses the backend's."""
 
 
 @attrs.frozen
@@ -106,3 +112,15 @@ class RuntimeSettings:
     flush_bound: float = attrs.field(default=5.0, validator=_non_negative)
     max_waiters: int = attrs.field(default=64, validator=_positive_int)
     thread_limit: int = attrs.field(default=16, validator=_positive_int)
+    heartbeat_interval: float = attrs.field(default=5.0, validator=_non_negative)
+    rescue_after: float = attrs.field(default=60.0, validator=_non_negative)
+    rescue_interval: float = attrs.field(default=15.0, validator=_non_negative)
+
+    def __attrs_post_init__(self) -> None:
+        if self.heartbeat_interval <= 0 or self.rescue_interval <= 0:
+            raise ConfigError("heartbeat_interval and rescue_interval must be > 0")
+        if self.rescue_after < 3 * self.heartbeat_interval:
+            raise ConfigError(
+                f"rescue_after ({self.rescue_after:g} s) must be at least 3 x heartbeat_interval "
+                f"({self.heartbeat_interval:g} s), or live jobs would be rescued while still running"
+            )

@@ -132,16 +132,21 @@ class QueueExecutor:
     async def _fetcher(self) -> None:
         backend = self.rt.backend
         faults = self.rt.faults
+        poll = self.cfg.poll_interval if self.cfg.poll_interval is not None else backend.poll_interval
         while self._claiming:
             now = backend.now()
             if not self._idle or not (self._wake or now >= self._next_due):
                 self._kick = trio.Event()
-                if self._idle and self._next_due < math.inf:
-                    wait_until = trio.current_time() + (self._next_due - now)
-                else:
-                    wait_until = math.inf
-                with trio.move_on_at(wait_until):
+                wait_until = poll_at = math.inf
+                if self._idle:
+                    if self._next_due < math.inf:
+                        wait_until = trio.current_time() + (self._next_due - now)
+                    if poll is not None:
+                        poll_at = trio.current_time() + poll
+                with trio.move_on_at(min(wait_until, poll_at)):
                     await self._kick.wait()
+                if trio.current_time() >= poll_at:
+                    self._wake = True  # no wake-up came in time: look anyway
                 continue
             if not faults.drop_wakeup_during_fetch:
                 self._wake = False
@@ -214,6 +219,11 @@ class QueueExecutor:
             deadline=deadline,
             children_factory=self._children_factory(job),
         )
+        stale = rt.attempts.get(job.id)
+        if stale is not None:
+            # The backend gave this job out again, so the older attempt lost it (rescued while
+            # it still ran here): it must stop now, not run beside the new one.
+            stale.cancel("lost")
         rt.attempts[job.id] = attempt
         token = current_job_id.set(job.id)
         error: BaseException | None = None
@@ -230,7 +240,8 @@ class QueueExecutor:
             raise
         finally:
             current_job_id.reset(token)
-            del rt.attempts[job.id]
+            if rt.attempts.get(job.id) is attempt:
+                del rt.attempts[job.id]
         self._decide(job, kind, attempt, scope, error, timeout)
 
     def _children_factory(self, job: ClaimedJob) -> Callable[[], Any]:
@@ -257,7 +268,7 @@ class QueueExecutor:
             reason = None if faults.outcome_from_exception_type else attempt.reason
             if reason == "cancel":
                 self._finish(job, OutcomeKind.CANCELLED)
-            elif reason == "shutdown":
+            elif reason == "shutdown" or reason == "lost":
                 self._finish(job, OutcomeKind.INTERRUPTED)
             else:
                 self._fail(job, kind, f"timed out after {timeout:g} s", None)

@@ -94,6 +94,7 @@ class Runtime:
         self.closing = False
         self._grace_scope: trio.CancelScope | None = None
         self._skip_grace = False
+        self._maintenance_scope = trio.CancelScope()
 
     def __repr__(self) -> str:
         return f"<Runtime backend={self.backend.url!r} queues={sorted(self.executors)} closing={self.closing}>"
@@ -111,6 +112,57 @@ class Runtime:
             attempt = self.attempts.get(event.job_id)
             if attempt is not None:
                 attempt.cancel("cancel")
+
+    # -- maintenance: heartbeats and rescue --
+
+    async def _maintenance(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Renew the claim on this process's running jobs and rescue other processes' stale ones.
+
+        A heartbeat that keeps failing for half of `rescue_after` means another process may
+        soon rescue these jobs: the runtime cancels them first rather than let them run
+        unowned. Rescue itself is safe to run in every process at once: it is one conditional
+        update per job, and the fencing on the attempt keeps a late worker from writing over it.
+        """
+        s = self.settings
+        backend = self.backend
+        task_status.started()
+        with self._maintenance_scope:
+            last_ok = trio.current_time()
+            next_rescue = trio.current_time()
+            while True:
+                await trio.sleep(s.heartbeat_interval)
+                now = trio.current_time()
+                running = [(a.job.id, a.job.attempt) for a in self.attempts.values()]
+                if running:
+                    try:
+                        result = await backend.heartbeat(running)
+                    except Exception:
+                        log.exception("heartbeat of %d running jobs failed", len(running))
+                        if now - last_ok >= s.rescue_after / 2:
+                            log.error("no heartbeat for %g s: cancelling this process's running jobs", now - last_ok)
+                            for attempt in list(self.attempts.values()):
+                                attempt.cancel("lost")
+                    else:
+                        last_ok = now
+                        for job_id, attempt_no in result.lost:
+                            found = self.attempts.get(job_id)
+                            if found is not None and found.job.attempt == attempt_no:
+                                found.cancel("lost")
+                        for job_id in result.cancel:
+                            found = self.attempts.get(job_id)
+                            if found is not None:
+                                found.cancel("cancel")
+                else:
+                    last_ok = now
+                if now >= next_rescue:
+                    next_rescue = now + s.rescue_interval
+                    try:
+                        rescued = await backend.rescue(backend.now() - s.rescue_after)
+                    except Exception:
+                        log.exception("rescue of stale running jobs failed; retrying in %g s", s.rescue_interval)
+                    else:
+                        if rescued:
+                            log.warning("rescued %d jobs whose worker stopped heartbeating: %s", len(rescued), rescued)
 
     # -- public API --
 
@@ -290,6 +342,7 @@ class Runtime:
             with trio.move_on_after(settings.flush_bound):
                 await self.completer.finished.wait()
             await self.completer.drain_inline()
+            self._maintenance_scope.cancel()
 
 
 def _is_cancellation(exc: BaseException | None) -> bool:
@@ -367,6 +420,7 @@ async def _start_services(rt: Runtime, owner: TaskOwner) -> None:
         await trio.lowlevel.checkpoint()
         return
     await owner.start(rt.completer.run, name="completer")
+    await owner.start(rt._maintenance, name="maintenance")
     for name, executor in rt.executors.items():
         await owner.start(executor.run, name=f"queue:{name}")
 

@@ -33,6 +33,7 @@ __all__ = [
     "CancelRequested",
     "ClaimResult",
     "ClaimedJob",
+    "HeartbeatResult",
     "InsertResult",
     "JobFinalized",
     "JobsAvailable",
@@ -101,6 +102,14 @@ class Outcome:  # mutable only because frozen attrs classes cost 2x to build on 
     error: JobError | None = None
 
 
+@attrs.define
+class HeartbeatResult:
+    lost: list[tuple[int, int]]
+    """(job id, attempt) pairs this worker no longer owns: rescued, or finished elsewhere."""
+    cancel: list[int]
+    """Jobs whose cancellation was requested (from any process)."""
+
+
 @attrs.frozen
 class QueueCounts:
     available: int = 0
@@ -144,6 +153,8 @@ class Backend(Protocol):
     """What every backend implements; see the module docstring for the semantics."""
 
     url: str
+    poll_interval: float | None
+    """Fallback fetch period when the backend cannot push every wake-up (None: it can)."""
 
     def now(self) -> float: ...
 
@@ -165,6 +176,18 @@ class Backend(Protocol):
         """Cancel a pending job now, or request cancellation of a running one.
 
         Returns the state after the call (RUNNING when a request was sent). Raises JobNotFound.
+        """
+        ...
+
+    async def heartbeat(self, running: Sequence[tuple[int, int]]) -> HeartbeatResult:
+        """Renew the claim on these (job id, attempt) pairs; report lost and cancel-requested ones."""
+        ...
+
+    async def rescue(self, stale_before: float) -> list[int]:
+        """Make running jobs whose heartbeat is older than `stale_before` runnable again.
+
+        The interrupted attempt counts (its worker may have done part of the work); a job with
+        no attempt left is discarded. Returns the rescued ids.
         """
         ...
 

@@ -30,6 +30,7 @@ from . import (
     CancelRequested,
     ClaimedJob,
     ClaimResult,
+    HeartbeatResult,
     InsertResult,
     JobFinalized,
     JobsAvailable,
@@ -48,7 +49,7 @@ class _Row:
     __slots__ = (
         "id", "kind", "queue", "args_json", "state", "attempt", "max_attempts", "priority",
         "run_at", "created_at", "attempted_at", "finalized_at", "errors", "unique_key",
-        "cancel_requested", "version",
+        "cancel_requested", "version", "heartbeat_at",
     )  # fmt: skip
 
     def __init__(self, id: int, new: NewJob, now: float) -> None:
@@ -68,6 +69,7 @@ class _Row:
         self.unique_key = new.unique_key
         self.cancel_requested = False
         self.version = 0
+        self.heartbeat_at = 0.0
 
 
 class _QueueState:
@@ -86,6 +88,7 @@ class MemoryBackend:
     given the same instance (which is how tests restart a runtime on the same jobs)."""
 
     url = "memory://"
+    poll_interval: float | None = None  # every wake-up is pushed: nothing to poll for
 
     def __init__(self, *, faults: Faults = NO_FAULTS) -> None:
         self._faults = faults
@@ -93,6 +96,7 @@ class MemoryBackend:
         self._queues: dict[str, _QueueState] = {}
         self._unique: dict[str, int] = {}
         self._listeners: list[Listener] = []
+        self._running: set[int] = set()
         self._next_id = 1
 
     def __repr__(self) -> str:
@@ -124,6 +128,10 @@ class MemoryBackend:
         return q
 
     def _move(self, row: _Row, q: _QueueState, state: JobState) -> None:
+        if row.state is _R:
+            self._running.discard(row.id)
+        elif state is _R:
+            self._running.add(row.id)
         q.counts[row.state] -= 1
         q.counts[state] += 1
         row.state = state
@@ -192,7 +200,7 @@ class MemoryBackend:
                 continue
             self._move(row, q, _R)
             row.attempt += 1
-            row.attempted_at = now
+            row.attempted_at = row.heartbeat_at = now
             claimed.append(
                 ClaimedJob(row.id, row.kind, row.queue, row.args_json, row.attempt, row.max_attempts, row.priority)
             )
@@ -261,6 +269,45 @@ class MemoryBackend:
             return _R
         self._emit(self._finalize(row, q, JobState.CANCELLED, self.now()))
         return JobState.CANCELLED
+
+    async def heartbeat(self, running: Sequence[tuple[int, int]]) -> HeartbeatResult:
+        now = self.now()
+        result = HeartbeatResult([], [])
+        for job_id, attempt in running:
+            row = self._rows.get(job_id)
+            if row is None or row.state is not _R or row.attempt != attempt:
+                result.lost.append((job_id, attempt))
+                continue
+            row.heartbeat_at = now
+            if row.cancel_requested:
+                result.cancel.append(job_id)
+        return result
+
+    async def rescue(self, stale_before: float) -> list[int]:
+        now = self.now()
+        rescued: list[int] = []
+        events: list[BackendEvent] = []
+        for job_id in sorted(self._running):
+            row = self._rows[job_id]
+            if row.heartbeat_at >= stale_before:
+                continue
+            q = self._q(row.queue)
+            q.failed += 1
+            message = f"rescued: its worker stopped heartbeating at {row.heartbeat_at:.3f} (worker lost)"
+            row.errors = (row.errors or []) + [JobError(row.attempt, now, message)]
+            rescued.append(job_id)
+            if row.cancel_requested:
+                events.append(self._finalize(row, q, JobState.CANCELLED, now))
+            elif row.attempt >= row.max_attempts:
+                events.append(self._finalize(row, q, JobState.DISCARDED, now))
+            else:
+                row.run_at = now
+                self._move(row, q, _A)
+                self._push(row, q)
+                events.append(JobsAvailable(row.queue))
+        for event in events:
+            self._emit(event)
+        return rescued
 
     def _row(self, job_id: int) -> _Row:
         row = self._rows.get(job_id)

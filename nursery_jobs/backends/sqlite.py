@@ -34,6 +34,7 @@ from . import (
     CancelRequested,
     ClaimedJob,
     ClaimResult,
+    HeartbeatResult,
     InsertResult,
     JobFinalized,
     JobsAvailable,
@@ -106,7 +107,7 @@ def parse_sqlite_url(url: str) -> tuple[str, str]:
 class SqliteBackend:
     """Jobs in one SQLite file, shared safely by every process that opens it."""
 
-    poll_interval = 1.0
+    poll_interval: float | None = 1.0
 
     def __init__(
         self,
@@ -335,6 +336,64 @@ class SqliteBackend:
         state, events = await self._call(self._tx, body)
         self._emit(events)
         result: JobState = state
+        return result
+
+    async def heartbeat(self, running: Sequence[tuple[int, int]]) -> HeartbeatResult:
+        now = self.now()
+
+        def body(conn: sqlite3.Connection) -> HeartbeatResult:
+            result = HeartbeatResult([], [])
+            for job_id, attempt in running:
+                row = conn.execute(
+                    "UPDATE nj_jobs SET heartbeat_at = ? WHERE id = ? AND state = 'running' AND attempt = ?"
+                    " RETURNING cancel_requested",
+                    (now, job_id, attempt),
+                ).fetchone()
+                if row is None:
+                    result.lost.append((job_id, attempt))
+                elif row[0]:
+                    result.cancel.append(job_id)
+            return result
+
+        if not running:
+            return HeartbeatResult([], [])
+        result: HeartbeatResult = await self._call(self._tx, body)
+        return result
+
+    async def rescue(self, stale_before: float) -> list[int]:
+        now = self.now()
+
+        def body(conn: sqlite3.Connection) -> tuple[list[int], list[BackendEvent]]:
+            rows = conn.execute(
+                "SELECT id, queue, attempt, max_attempts, heartbeat_at, errors, cancel_requested FROM nj_jobs"
+                " WHERE state = 'running' AND heartbeat_at < ? ORDER BY id",
+                (stale_before,),
+            ).fetchall()
+            events: list[BackendEvent] = []
+            for job_id, queue, attempt, max_attempts, beat, errors_json, cancel_requested in rows:
+                message = f"rescued: its worker stopped heartbeating at {beat:.3f} (worker lost)"
+                errors = json.loads(errors_json) if errors_json else []
+                errors.append({"attempt": attempt, "at": now, "message": message, "traceback": None})
+                if cancel_requested or attempt >= max_attempts:
+                    state = JobState.CANCELLED if cancel_requested else JobState.DISCARDED
+                    conn.execute(
+                        "UPDATE nj_jobs SET state = ?, finalized_at = ?, errors = ?, failed_attempts = failed_attempts + 1,"
+                        " heartbeat_at = NULL WHERE id = ?",
+                        (state.value, now, json.dumps(errors), job_id),
+                    )
+                    events.append(JobFinalized(job_id, state, message))
+                else:
+                    conn.execute(
+                        "UPDATE nj_jobs SET state = 'available', run_at = ?, errors = ?,"
+                        " failed_attempts = failed_attempts + 1, heartbeat_at = NULL WHERE id = ?",
+                        (now, json.dumps(errors), job_id),
+                    )
+                    events.append(JobsAvailable(queue))
+            return [r[0] for r in rows], events
+
+        rescued, events = await self._call(self._tx, body)
+        self._emit(events)
+        result: list[int] = rescued
         return result
 
     async def get_job(self, job_id: int) -> Job:
