@@ -26,7 +26,7 @@ from .backends.memory import MemoryBackend
 from .config import QueueConfig, RetryPolicy, RuntimeSettings
 from .errors import ArgsError, ConfigError, JobNotFound, NurseryJobsError, RuntimeClosed, UnknownJob
 from .infra.threads import run_blocking
-from .jobs import Discard, Job, JobContext, JobError, JobState, Receipt, Snooze
+from .jobs import Discard, Job, JobContext, JobError, JobId, JobState, Receipt, Snooze
 from .runtime import QueueStats, Runtime, open_runtime, run
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "Job",
     "JobContext",
     "JobError",
+    "JobId",
     "JobKind",
     "JobNotFound",
     "JobState",

@@ -17,7 +17,7 @@ from .config import DEFAULT_QUEUE, QueueConfig, RetryPolicy, check_timeout
 from .errors import ArgsError, ConfigError, UnknownJob
 
 if TYPE_CHECKING:
-    from .jobs import JobContext
+    from .jobs import JobContext, JobId
 
 __all__ = ["App", "JobKind"]
 
@@ -109,11 +109,11 @@ class JobKind(Generic[P, R]):
             ),
         )
 
-    async def enqueue(self, **args: Any) -> int:
+    async def enqueue(self, **args: Any) -> JobId:
         """Enqueue one job with these keyword arguments; returns its id."""
         return await BoundEnqueue(self, self._options).enqueue(**args)
 
-    async def enqueue_many(self, many: Iterable[Mapping[str, Any]]) -> list[int]:
+    async def enqueue_many(self, many: Iterable[Mapping[str, Any]]) -> list[JobId]:
         """Enqueue one job per mapping of keyword arguments, in one backend call."""
         return await BoundEnqueue(self, self._options).enqueue_many(many)
 
@@ -123,14 +123,14 @@ class BoundEnqueue:
     kind: JobKind[Any, Any]
     opts: EnqueueOptions
 
-    async def enqueue(self, **args: Any) -> int:
+    async def enqueue(self, **args: Any) -> JobId:
         rt = get_runtime(f"{self.kind.name}.enqueue()")
         o = self.opts
         return await rt.enqueue(
             self.kind.name, args, delay=o.delay, run_at=o.run_at, priority=o.priority, unique_key=o.unique_key
         )
 
-    async def enqueue_many(self, many: Iterable[Mapping[str, Any]]) -> list[int]:
+    async def enqueue_many(self, many: Iterable[Mapping[str, Any]]) -> list[JobId]:
         rt = get_runtime(f"{self.kind.name}.enqueue_many()")
         o = self.opts
         return await rt.enqueue_many(self.kind.name, many, delay=o.delay, run_at=o.run_at, priority=o.priority)

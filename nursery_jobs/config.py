@@ -13,6 +13,8 @@
 | `heartbeat_interval` | 5 s | how often a process renews the claim on its running jobs | often enough that `rescue_after` can be short |
 | `rescue_after` | 60 s | a running job whose heartbeat is older is made available again by any process | River's 1 h default leaves crashed jobs stuck for an hour; a heartbeat makes a short bound safe |
 | `rescue_interval` | 15 s | how often each process looks for stale running jobs | a quarter of `rescue_after`: a crashed job waits at most ~1.25 x `rescue_after` |
+| `keep_completed` / `keep_cancelled` / `keep_discarded` | 24 h / 24 h / 7 days | final jobs are deleted this long after they ended | River's periods: discarded jobs are what an operator investigates, so they stay longest |
+| `retention_interval` | 5 min | how often retention runs | deletes in small, frequent batches instead of one large sweep |
 | `poll_interval` | backend's (memory: none; SQLite: 1 s) | fallback fetch when no wake-up arrives; `QueueConfig.poll_interval` overrides per queue (awaited queues: 0.1 s) | wake-ups from other processes can be lost or absent; polling bounds the delay |
 """
 
@@ -115,6 +117,10 @@ class RuntimeSettings:
     heartbeat_interval: float = attrs.field(default=5.0, validator=_non_negative)
     rescue_after: float = attrs.field(default=60.0, validator=_non_negative)
     rescue_interval: float = attrs.field(default=15.0, validator=_non_negative)
+    keep_completed: float = attrs.field(default=24 * 3600.0, validator=_non_negative)
+    keep_cancelled: float = attrs.field(default=24 * 3600.0, validator=_non_negative)
+    keep_discarded: float = attrs.field(default=7 * 24 * 3600.0, validator=_non_negative)
+    retention_interval: float = attrs.field(default=300.0, validator=_non_negative)
 
     def __attrs_post_init__(self) -> None:
         if self.heartbeat_interval <= 0 or self.rescue_interval <= 0:

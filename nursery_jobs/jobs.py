@@ -27,12 +27,29 @@ __all__ = [
     "Job",
     "JobContext",
     "JobError",
+    "JobId",
     "JobState",
     "Receipt",
     "Snooze",
     "decode_args",
     "encode_args",
 ]
+
+
+class JobId(int):
+    """A job's id, as `enqueue` returns it: an int that also says whether the enqueue made a new
+    job (`existing=False`) or found a not-yet-final job with the same `unique_key`
+    (`existing=True`, no job was added)."""
+
+    existing: bool
+
+    def __new__(cls, value: int, existing: bool = False) -> JobId:
+        self = super().__new__(cls, value)
+        self.existing = existing
+        return self
+
+    def __repr__(self) -> str:
+        return f"JobId({int(self)}{', existing=True' if self.existing else ''})"
 
 
 class JobState(str, enum.Enum):

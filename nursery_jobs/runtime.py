@@ -43,7 +43,7 @@ from .errors import ArgsError, ConfigError, RuntimeClosed
 from .executor import Attempt, QueueExecutor
 from .infra.owner import TaskOwner, open_owner
 from .infra.runner import run_trio, watch_shutdown_signals
-from .jobs import Job, JobState, Receipt, encode_args
+from .jobs import Job, JobId, JobState, Receipt, encode_args
 
 __all__ = ["QueueStats", "Runtime", "open_runtime", "run"]
 
@@ -129,6 +129,7 @@ class Runtime:
         with self._maintenance_scope:
             last_ok = trio.current_time()
             next_rescue = trio.current_time()
+            next_retention = trio.current_time() + s.retention_interval
             while True:
                 await trio.sleep(s.heartbeat_interval)
                 now = trio.current_time()
@@ -154,6 +155,9 @@ class Runtime:
                                 found.cancel("cancel")
                 else:
                     last_ok = now
+                if now >= next_retention:
+                    next_retention = now + s.retention_interval
+                    await self._retention()
                 if now >= next_rescue:
                     next_rescue = now + s.rescue_interval
                     try:
@@ -163,6 +167,22 @@ class Runtime:
                     else:
                         if rescued:
                             log.warning("rescued %d jobs whose worker stopped heartbeating: %s", len(rescued), rescued)
+
+    async def _retention(self) -> None:
+        s = self.settings
+        now = self.backend.now()
+        before = {
+            JobState.COMPLETED: now - s.keep_completed,
+            JobState.CANCELLED: now - s.keep_cancelled,
+            JobState.DISCARDED: now - s.keep_discarded,
+        }
+        try:
+            deleted = await self.backend.delete_finished(before)
+        except Exception:
+            log.exception("retention failed; retrying in %g s", s.retention_interval)
+        else:
+            if deleted:
+                log.info("retention deleted %d final jobs", deleted)
 
     # -- public API --
 
@@ -206,7 +226,7 @@ class Runtime:
                 "begins, or from the next run of the service"
             )
 
-    async def _insert(self, jobs: list[NewJob]) -> list[int]:
+    async def _insert(self, jobs: list[NewJob]) -> list[JobId]:
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
         results = await self.backend.insert_many(jobs)
@@ -214,7 +234,7 @@ class Runtime:
             await trio.lowlevel.checkpoint()
         else:
             await trio.lowlevel.cancel_shielded_checkpoint()
-        return [r.id for r in results]
+        return [JobId(r.id, r.existing) for r in results]
 
     async def enqueue(
         self,
@@ -225,8 +245,9 @@ class Runtime:
         run_at: float | None = None,
         priority: int | None = None,
         unique_key: str | None = None,
-    ) -> int:
-        """Enqueue one job of kind `kind` with keyword arguments `args`; returns its id.
+    ) -> JobId:
+        """Enqueue one job of kind `kind` with keyword arguments `args`; returns its id (a
+        `JobId`, an int whose `.existing` is True when `unique_key` matched a pending job).
 
         `delay` (seconds) or `run_at` (backend clock) schedule it for later; higher `priority`
         runs first (default: the kind's); with `unique_key`, while a job with that key is not
@@ -245,7 +266,7 @@ class Runtime:
         delay: float | None = None,
         run_at: float | None = None,
         priority: int | None = None,
-    ) -> list[int]:
+    ) -> list[JobId]:
         """Enqueue one job of `kind` per mapping in `many`, in one backend call; returns the ids
         in order. Every job is validated first: one bad mapping rejects the whole batch."""
         job_kind = self.app.kind(kind)

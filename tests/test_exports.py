@@ -4,7 +4,7 @@ import nursery_jobs as nj
 
 EXPECTED = {
     "App", "ArgsError", "Backend", "ConfigError", "Discard", "Job", "JobContext", "JobError",
-    "JobKind", "JobNotFound", "JobState", "MemoryBackend", "NurseryJobsError", "QueueConfig",
+    "JobId", "JobKind", "JobNotFound", "JobState", "MemoryBackend", "NurseryJobsError", "QueueConfig",
     "QueueStats", "Receipt", "RetryPolicy", "Runtime", "RuntimeClosed", "RuntimeSettings",
     "Snooze", "UnknownJob", "open_backend", "open_runtime", "run", "run_blocking",
 }  # fmt: skip

@@ -18,6 +18,7 @@ backend.
 from __future__ import annotations
 
 import heapq
+import math
 from typing import Mapping, Sequence
 
 import trio
@@ -49,7 +50,7 @@ class _Row:
     __slots__ = (
         "id", "kind", "queue", "args_json", "state", "attempt", "max_attempts", "priority",
         "run_at", "created_at", "attempted_at", "finalized_at", "errors", "unique_key",
-        "cancel_requested", "version", "heartbeat_at",
+        "cancel_requested", "version", "heartbeat_at", "failed", "interrupted",
     )  # fmt: skip
 
     def __init__(self, id: int, new: NewJob, now: float) -> None:
@@ -70,6 +71,8 @@ class _Row:
         self.cancel_requested = False
         self.version = 0
         self.heartbeat_at = 0.0
+        self.failed = 0
+        self.interrupted = 0
 
 
 class _QueueState:
@@ -226,6 +229,7 @@ class MemoryBackend:
                 row.errors = (row.errors or []) + [out.error]
                 if kind is OutcomeKind.RETRY or kind is OutcomeKind.DISCARD:
                     q.failed += 1
+                    row.failed += 1
             if row.cancel_requested and kind in (OutcomeKind.RETRY, OutcomeKind.SNOOZE, OutcomeKind.INTERRUPTED):
                 kind = OutcomeKind.CANCELLED
             if kind is OutcomeKind.COMPLETED:
@@ -238,6 +242,7 @@ class MemoryBackend:
                 if kind is OutcomeKind.INTERRUPTED:
                     row.attempt -= 1
                     q.interrupted += 1
+                    row.interrupted += 1
                     run_at = now
                 elif kind is OutcomeKind.SNOOZE:
                     row.attempt -= 1
@@ -293,6 +298,7 @@ class MemoryBackend:
                 continue
             q = self._q(row.queue)
             q.failed += 1
+            row.failed += 1
             message = f"rescued: its worker stopped heartbeating at {row.heartbeat_at:.3f} (worker lost)"
             row.errors = (row.errors or []) + [JobError(row.attempt, now, message)]
             rescued.append(job_id)
@@ -308,6 +314,19 @@ class MemoryBackend:
         for event in events:
             self._emit(event)
         return rescued
+
+    async def delete_finished(self, before: Mapping[JobState, float]) -> int:
+        deleted = 0
+        for job_id in [
+            r.id for r in self._rows.values() if r.finalized_at is not None and r.finalized_at < before.get(r.state, -math.inf)
+        ]:
+            row = self._rows.pop(job_id)
+            q = self._q(row.queue)
+            q.counts[row.state] -= 1
+            q.failed -= row.failed
+            q.interrupted -= row.interrupted
+            deleted += 1
+        return deleted
 
     def _row(self, job_id: int) -> _Row:
         row = self._rows.get(job_id)

@@ -396,6 +396,19 @@ class SqliteBackend:
         result: list[int] = rescued
         return result
 
+    async def delete_finished(self, before: Mapping[JobState, float]) -> int:
+        def body(conn: sqlite3.Connection) -> int:
+            deleted = 0
+            for state, cutoff in sorted(before.items()):
+                cur = conn.execute(
+                    "DELETE FROM nj_jobs WHERE state = ? AND finalized_at < ?", (JobState(state).value, cutoff)
+                )
+                deleted += cur.rowcount
+            return deleted
+
+        result: int = await self._call(self._tx, body)
+        return result
+
     async def get_job(self, job_id: int) -> Job:
         def body() -> Any:
             assert self._conn is not None

@@ -114,3 +114,41 @@ def _new(kind: str):
     from nursery_jobs.backends import NewJob
 
     return NewJob(kind, "default", "{}", 0, None, 25)
+
+
+async def test_retention_deletes_final_jobs_by_age_keeping_discarded_longest(make_backend, autojump_clock):
+    app = nj.App()
+
+    @app.job(max_attempts=1)
+    async def outcome(ctx: nj.JobContext, fail: bool) -> None:
+        if fail:
+            raise ValueError("no")
+
+    settings = nj.RuntimeSettings(
+        keep_completed=100,
+        keep_cancelled=100,
+        keep_discarded=1000,
+        retention_interval=100,
+        heartbeat_interval=100,  # few timer wake-ups: each costs real time on durable backends
+        rescue_after=300,
+        rescue_interval=300,
+    )
+    async with nj.open_runtime(app, backend=make_backend(), settings=settings) as rt:
+        ok = await outcome.enqueue(fail=False)
+        bad = await outcome.enqueue(fail=True)
+        gone = await outcome.options(delay=5000).enqueue(fail=False)
+        await rt.cancel(gone)
+        for job_id in (ok, bad):
+            await rt.wait(job_id, timeout=5)
+        await trio.sleep(200)
+        with pytest.raises(nj.JobNotFound):
+            await rt.get_job(ok)
+        with pytest.raises(nj.JobNotFound):
+            await rt.get_job(gone)
+        assert (await rt.get_job(bad)).state is nj.JobState.DISCARDED
+        stats = (await rt.stats())["default"]
+        assert (stats.completed, stats.cancelled, stats.discarded, stats.failed) == (0, 0, 1, 1)
+        await trio.sleep(1000)
+        with pytest.raises(nj.JobNotFound):
+            await rt.get_job(bad)
+        assert (await rt.stats())["default"].failed == 0

@@ -90,6 +90,7 @@ async def test_unique_key_returns_the_existing_job_until_it_is_final(make_backen
         b = await rt.enqueue("sync_account", {"account": 1}, unique_key="acct:1")
         other = await sync_account.options(unique_key="acct:2").enqueue(account=2)
         assert a == b and other != a
+        assert (a.existing, b.existing, other.existing) == (False, True, False)
         await rt.wait(a, timeout=10)
         c = await rt.enqueue("sync_account", {"account": 1}, unique_key="acct:1")
         assert c != a
