@@ -150,11 +150,15 @@ class QueueExecutor:
                 continue
             if not faults.drop_wakeup_during_fetch:
                 self._wake = False
+            # Due times reported during the claim must survive it: the claim's own answer was
+            # read before they were written. Start from inf and merge both.
+            self._next_due = math.inf
             limit = len(self._idle)
             result = await backend.claim(self.name, limit)
             if faults.drop_wakeup_during_fetch:
                 self._wake = False
-            self._next_due = math.inf if result.next_due is None else result.next_due
+            if result.next_due is not None and result.next_due < self._next_due:
+                self._next_due = result.next_due
             for job in result.jobs:
                 if not self._idle:
                     # Shutdown emptied the idle list while a (durable) claim was in flight:

@@ -1,0 +1,39 @@
+"""Executor regressions found by the property suite, pinned as plain examples."""
+
+from __future__ import annotations
+
+import trio
+
+import nursery_jobs as nj
+
+
+class RoundTripBackend(nj.MemoryBackend):
+    """Memory, but claims and writes take time, as on a durable backend."""
+
+    async def claim(self, queue, limit):
+        result = await super().claim(queue, limit)
+        await trio.sleep(0.01)
+        return result
+
+    async def finish_many(self, outcomes):
+        await trio.sleep(0.005)
+        await super().finish_many(outcomes)
+
+
+async def test_a_retry_scheduled_while_a_claim_is_in_flight_is_not_lost(autojump_clock):
+    # The retry's wake-up (due in 1 s) lands during the fetcher's claim round trip; the claim's
+    # answer, read before the retry was written, must not overwrite it.
+    app = nj.App()
+    app.queue("q", max_workers=1, timeout=None)
+    starts = []
+
+    @app.job(queue="q", max_attempts=3, retry=nj.RetryPolicy(base=1, factor=1, cap=1, jitter=0))
+    async def flaky(ctx: nj.JobContext) -> None:
+        starts.append(trio.current_time())
+        raise RuntimeError("boom")
+
+    async with nj.open_runtime(app, backend=RoundTripBackend(), grace=0) as rt:
+        job_id = await rt.enqueue("flaky", {})
+        await trio.sleep(10)
+        assert (await rt.get_job(job_id)).state is nj.JobState.DISCARDED
+    assert [round(t, 2) for t in starts] == [0.01, 1.02, 2.03]
