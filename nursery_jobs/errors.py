@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "ArgsError",
+    "BackendUnavailable",
     "ConfigError",
     "JobNotFound",
     "NurseryJobsError",
@@ -43,6 +44,10 @@ class UnknownJob(NurseryJobsError, LookupError):
 
 class JobNotFound(NurseryJobsError, LookupError):
     """No job with this id exists in the backend (it may have been deleted by retention)."""
+
+
+class BackendUnavailable(NurseryJobsError, ConnectionError):
+    """The backend cannot be reached (at start-up: check the URL and that the server runs)."""
 
 
 class RuntimeClosed(NurseryJobsError, RuntimeError):

@@ -95,6 +95,8 @@ class Runtime:
         self._grace_scope: trio.CancelScope | None = None
         self._skip_grace = False
         self._maintenance_scope = trio.CancelScope()
+        self._backend_scope = trio.CancelScope()
+        self._backend_ready = trio.Event()
 
     def __repr__(self) -> str:
         return f"<Runtime backend={self.backend.url!r} queues={sorted(self.executors)} closing={self.closing}>"
@@ -103,15 +105,30 @@ class Runtime:
 
     def _on_event(self, event: BackendEvent) -> None:
         if isinstance(event, JobsAvailable):
-            executor = self.executors.get(event.queue)
-            if executor is not None:
-                executor.wake(event.due)
+            if event.queue is None:
+                for each in self.executors.values():
+                    each.wake(None)
+            else:
+                executor = self.executors.get(event.queue)
+                if executor is not None:
+                    executor.wake(event.due)
         elif isinstance(event, JobFinalized):
             self.receipts.on_finalized(event.job_id)
         elif isinstance(event, CancelRequested):
             attempt = self.attempts.get(event.job_id)
             if attempt is not None:
                 attempt.cancel("cancel")
+
+    async def _serve_backend(self) -> None:
+        """The backend's own service (the LISTEN connection), stopped last."""
+
+        async def ready_when_started(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            await self.backend.serve(task_status=task_status)
+
+        with self._backend_scope:
+            async with open_owner("backend") as owner:
+                await owner.start(ready_when_started, name="serve")
+                self._backend_ready.set()
 
     # -- maintenance: heartbeats and rescue --
 
@@ -364,6 +381,7 @@ class Runtime:
                 await self.completer.finished.wait()
             await self.completer.drain_inline()
             self._maintenance_scope.cancel()
+            self._backend_scope.cancel()
 
 
 def _is_cancellation(exc: BaseException | None) -> bool:
@@ -407,11 +425,11 @@ async def open_runtime(
         raise ConfigError(f"queues {unknown} are not declared in the app (declared: {sorted(app.queues)})")
     owns_backend = isinstance(backend, str)
     be: Backend = open_backend(backend) if isinstance(backend, str) else backend
+    be.check_budget(sum(app.queues[q].max_workers for q in names))
     rt = Runtime(app, be, settings, names, _faults)
     token = current_runtime.set(rt)
     try:
-        if owns_backend:
-            await be.open()
+        await be.open()  # idempotent: a caller's instance may be open already
         be.add_listener(rt._on_event)
         try:
             async with open_owner("nursery_jobs.runtime") as owner:
@@ -434,6 +452,8 @@ async def open_runtime(
 
 
 async def _start_services(rt: Runtime, owner: TaskOwner) -> None:
+    owner.spawn(rt._serve_backend, name="backend")
+    await rt._backend_ready.wait()
     if rt.faults.swallow_service_errors:
         owner.spawn_detached(rt.completer.run, name="completer")
         for name, executor in rt.executors.items():

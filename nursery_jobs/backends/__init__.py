@@ -23,6 +23,7 @@ import enum
 from typing import Callable, Mapping, Protocol, Sequence, Union, runtime_checkable
 
 import attrs
+import trio
 
 from ..errors import ConfigError
 from ..jobs import Job, JobError, JobState
@@ -127,7 +128,8 @@ class QueueCounts:
 
 @attrs.frozen
 class JobsAvailable:
-    queue: str
+    queue: str | None
+    """None: any queue may have work (e.g. after a lost connection to the wake-up source)."""
     due: float | None = None
     """None: due now. Otherwise the earliest `run_at` among the jobs this event is about."""
 
@@ -140,7 +142,8 @@ class CancelRequested:
 @attrs.frozen
 class JobFinalized:
     job_id: int
-    state: JobState
+    state: JobState | None
+    """None when the event came from another process and only says "final now"."""
     error: str | None = None
 
 
@@ -163,6 +166,16 @@ class Backend(Protocol):
     def remove_listener(self, listener: Listener) -> None: ...
 
     async def open(self) -> None: ...
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The backend's own background work (PostgreSQL: the LISTEN connection), run by the
+        runtime as a service until cancelled. Reports started when wake-ups flow."""
+        ...
+
+    def check_budget(self, workers: int) -> None:
+        """ConfigError if `workers` pool-using workers (plus the runtime's own needs) would
+        exceed this backend's connection budget."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -221,6 +234,12 @@ def open_backend(url: str) -> Backend:
 
         path, synchronous = parse_sqlite_url(url)
         return SqliteBackend(path, synchronous=synchronous)
+    if scheme in ("postgresql", "postgres"):
+        from .postgres import PostgresBackend, parse_postgres_url
+
+        conninfo, opts = parse_postgres_url(url)
+        return PostgresBackend(conninfo, **opts)
     raise ConfigError(
-        f"unsupported backend URL scheme {scheme!r} in {url!r}; supported: 'memory://', 'sqlite:///path/jobs.db'"
+        f"unsupported backend URL scheme {scheme!r} in {url!r}; supported: 'memory://', "
+        "'sqlite:///path/jobs.db', 'postgresql://user@host/db'"
     )

@@ -121,6 +121,13 @@ class MemoryBackend:
     async def open(self) -> None:
         return None
 
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()  # every wake-up is delivered in-process; nothing to run
+        await trio.sleep_forever()
+
+    def check_budget(self, workers: int) -> None:
+        return None
+
     async def close(self) -> None:
         return None
 

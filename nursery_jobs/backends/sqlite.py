@@ -170,6 +170,13 @@ class SqliteBackend:
             )
         return conn
 
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()  # every wake-up is delivered in-process; nothing to run
+        await trio.sleep_forever()
+
+    def check_budget(self, workers: int) -> None:
+        return None
+
     async def close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:

@@ -19,9 +19,10 @@ import trio.testing
 
 import nursery_jobs as nj
 from nursery_jobs.backends.sqlite import SqliteBackend
+from tests import pgutil
 
-BACKENDS = ["memory", "sqlite"]
-_AUTOJUMP = {"memory": 0.0, "sqlite": 0.05}
+BACKENDS = ["memory", "sqlite", "postgres"]
+_AUTOJUMP = {"memory": 0.0, "sqlite": 0.05, "postgres": 0.05}
 
 
 @pytest.fixture(params=BACKENDS)
@@ -30,7 +31,7 @@ def backend_name(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def make_backend(backend_name: str, tmp_path) -> Callable[[], nj.Backend]:
+def make_backend(backend_name: str, tmp_path, request: pytest.FixtureRequest) -> Callable[[], nj.Backend]:
     def memory() -> nj.Backend:
         return nj.MemoryBackend()
 
@@ -41,7 +42,14 @@ def make_backend(backend_name: str, tmp_path) -> Callable[[], nj.Backend]:
         backend.poll_interval = 60.0
         return backend
 
-    return {"memory": memory, "sqlite": sqlite}[backend_name]
+    def postgres() -> nj.Backend:
+        from nursery_jobs.backends.postgres import PostgresBackend
+
+        url = request.getfixturevalue("pg_url")
+        backend = PostgresBackend(url, schema=pgutil.new_schema(url), clock=trio.current_time, poll_interval=60.0)
+        return backend
+
+    return {"memory": memory, "sqlite": sqlite, "postgres": postgres}[backend_name]
 
 
 @pytest.fixture

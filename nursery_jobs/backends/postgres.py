@@ -1,0 +1,641 @@
+"""The PostgreSQL backend (``postgresql://user@host/db?schema=nursery_jobs&pool_size=20``).
+
+Many processes on many hosts share one database. The design, call by call:
+
+- **Claim**: one statement, `UPDATE ... WHERE id IN (SELECT ... ORDER BY priority DESC, run_at,
+  id LIMIT k FOR UPDATE SKIP LOCKED) RETURNING ...`, for as many jobs as the fetcher has idle
+  workers. SKIP LOCKED lets concurrent fetchers take disjoint rows without waiting on each other;
+  the partial index `jobs_claim` holds only claimable rows in claim order, so the cost stays flat
+  however many finished rows the table keeps. The same round trip reports when the next
+  scheduled job of the queue is due.
+- **Outcomes**: one `UPDATE ... FROM unnest(...)` per completer batch. Every row is updated only
+  if it is still `running` under the attempt the worker claimed (the fencing token), so a late
+  worker can never overwrite a job that was rescued or finished elsewhere.
+- **Wake-ups**: inserts and retries `pg_notify` the queue's name on `<schema>_jobs`; finalized
+  jobs and cancel requests go on `<schema>_events`. One LISTEN connection per process
+  (`infra.pg.listen`) fans them out. Fetchers also poll (1 s; 0.1 s for awaited queues), so a
+  lost connection delays work by at most a poll interval and nothing is lost.
+- **No transaction is held across user code or network I/O**: every call here is a single
+  autocommit statement (or a short transaction with no I/O but the database's) on a pooled
+  connection that is returned at once.
+- **Schema**: in its own schema (default `nursery_jobs`), validated as an identifier and always
+  quoted by psycopg, never built from strings; created and upgraded only by
+  `nursery-jobs migrate`, checked at start-up.
+
+Times are float seconds on the runtime's clock (Unix time; hosts are expected to run NTP).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import re
+import time
+from typing import Any, Callable, Mapping, Sequence
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+import trio
+from psycopg import sql
+
+from .._faults import NO_FAULTS, Faults
+from ..errors import BackendUnavailable, ConfigError, JobNotFound
+from ..infra.pg import PgPool, listen
+from ..jobs import Job, JobError, JobState, decode_args
+from . import (
+    BackendEvent,
+    CancelRequested,
+    ClaimedJob,
+    ClaimResult,
+    HeartbeatResult,
+    InsertResult,
+    JobFinalized,
+    JobsAvailable,
+    Listener,
+    NewJob,
+    Outcome,
+    OutcomeKind,
+    QueueCounts,
+)
+
+__all__ = ["PostgresBackend", "migrate", "parse_postgres_url", "schema_version"]
+
+_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
+_OPTIONS = {"schema", "pool_size", "pool_share", "poll_interval"}
+_PENDING = ("available", "scheduled", "retryable")
+_FINAL_BY_KIND = {
+    OutcomeKind.COMPLETED: "completed",
+    OutcomeKind.DISCARD: "discarded",
+    OutcomeKind.CANCELLED: "cancelled",
+}
+_NOTIFY_IDS_PER_PAYLOAD = 400  # NOTIFY payloads are limited to 8000 bytes
+
+
+def check_schema_name(schema: str) -> str:
+    if not isinstance(schema, str) or not _SCHEMA_RE.match(schema):
+        raise ConfigError(
+            f"schema name {schema!r} is not a plain lower-case identifier (letters, digits, _; at most 41 characters)"
+        )
+    return schema
+
+
+def parse_postgres_url(url: str) -> tuple[str, dict[str, Any]]:
+    """(conninfo for psycopg, our options) from a ``postgresql://`` URL; our options are taken
+    out of the query string, the rest is left for libpq."""
+    parts = urlsplit(url)
+    ours: dict[str, Any] = {}
+    theirs = []
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key in _OPTIONS:
+            ours[key] = value
+        else:
+            theirs.append((key, value))
+    conninfo = urlunsplit(parts._replace(query=urlencode(theirs)))
+    opts: dict[str, Any] = {"schema": check_schema_name(ours.get("schema", "nursery_jobs"))}
+    try:
+        if "pool_size" in ours:
+            opts["pool_size"] = int(ours["pool_size"])
+        if "pool_share" in ours:
+            opts["pool_share"] = float(ours["pool_share"])
+        if "poll_interval" in ours:
+            opts["poll_interval"] = float(ours["poll_interval"])
+    except ValueError as exc:
+        raise ConfigError(f"bad option in {url!r}: {exc}") from None
+    return conninfo, opts
+
+
+def _migrations() -> list[tuple[int, str, str]]:
+    files = importlib.resources.files("nursery_jobs.backends") / "pg_migrations"
+    out = []
+    for entry in sorted(files.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".sql"):
+            out.append((int(entry.name.split("_", 1)[0]), entry.name, entry.read_text()))
+    return out
+
+
+LATEST_VERSION = max(v for v, _, _ in _migrations())
+
+
+def schema_version(conn: psycopg.Connection[Any], schema: str) -> int | None:
+    """The applied version of `schema`, or None if it was never migrated."""
+    row = conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL", (f'"{check_schema_name(schema)}".migrations',)
+    ).fetchone()
+    if not row or not row[0]:
+        return None
+    got = conn.execute(
+        sql.SQL("SELECT max(version) FROM {}.migrations").format(sql.Identifier(schema))
+    ).fetchone()
+    return int(got[0]) if got and got[0] is not None else None
+
+
+def migrate(conninfo: str, schema: str = "nursery_jobs") -> list[str]:
+    """Create or upgrade `schema`; returns the names of the migrations applied. Safe to run
+    from several processes at once (an advisory lock serialises them)."""
+    check_schema_name(schema)
+    ident = sql.Identifier(schema)
+    applied: list[str] = []
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"nursery_jobs:{schema}",))
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {}.migrations"
+                    " (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+                ).format(ident)
+            )
+            current = schema_version(conn, schema) or 0
+            for version, name, text in _migrations():
+                if version <= current:
+                    continue
+                conn.execute(sql.SQL(text).format(schema=ident))
+                conn.execute(
+                    sql.SQL("INSERT INTO {}.migrations (version, name) VALUES (%s, %s)").format(ident), (version, name)
+                )
+                applied.append(name)
+    return applied
+
+
+class PostgresBackend:
+    """Jobs in PostgreSQL, shared by every process and host that uses the same schema."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        schema: str = "nursery_jobs",
+        pool_size: int | None = None,
+        pool_share: float = 0.5,
+        poll_interval: float = 1.0,
+        clock: Callable[[], float] = time.time,
+        faults: Faults = NO_FAULTS,
+    ) -> None:
+        self.conninfo = conninfo
+        self.schema = check_schema_name(schema)
+        if pool_size is not None and (isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 2):
+            raise ConfigError(f"pool_size must be an int >= 2, not {pool_size!r}")
+        if not 0 < pool_share <= 1:
+            raise ConfigError(f"pool_share must be in (0, 1], not {pool_share!r}")
+        self.pool_size = pool_size
+        self._auto_pool = pool_size is None
+        self.pool_share = pool_share
+        self.poll_interval: float | None = poll_interval
+        self._clock = clock
+        self._faults = faults
+        self._listeners: list[Listener] = []
+        self._pool: PgPool | None = None
+        host = urlsplit(conninfo).hostname if "://" in conninfo else None
+        self.url = f"postgresql://{host or ''}/...?schema={schema}"
+        ident = sql.Identifier(schema)
+        self._jobs_channel = f"{schema}_jobs"
+        self._events_channel = f"{schema}_events"
+        self._q = {name: q.format(s=ident) for name, q in _QUERIES.items()}
+
+    def __repr__(self) -> str:
+        return f"<PostgresBackend schema={self.schema!r}>"
+
+    @property
+    def pool(self) -> PgPool:
+        if self._pool is None:
+            raise BackendUnavailable("the PostgreSQL backend is not open; use it inside open_runtime()")
+        return self._pool
+
+    def now(self) -> float:
+        return self._clock()
+
+    def add_listener(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        self._listeners.remove(listener)
+
+    def _emit(self, events: Sequence[BackendEvent]) -> None:
+        for event in events:
+            for listener in tuple(self._listeners):
+                listener(event)
+
+    def check_budget(self, workers: int) -> None:
+        needs = workers + 2  # + the runtime's own calls (fetch, complete, maintenance) + the listener
+        if self._auto_pool:
+            # No pool_size given: size the pool to the first runtime's needs, with the
+            # seed's half left for the service's own requests.
+            if self._pool is None:
+                self.pool_size = max(4, int(needs / self.pool_share))
+            return
+        assert self.pool_size is not None
+        allowed = int(self.pool_size * self.pool_share)
+        if needs > allowed:
+            raise ConfigError(
+                f"connection budget exceeded: {workers} queue workers + 1 runtime + 1 listener = {needs} "
+                f"connections, but pool_size {self.pool_size} x pool_share {self.pool_share:g} = {allowed}; "
+                "raise pool_size, lower max_workers, or run fewer queues in this process"
+            )
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        pool = PgPool(self.conninfo, size=self.pool_size or 10)
+        try:
+            version = await pool.run(lambda c: schema_version(c, self.schema))
+        except psycopg.OperationalError as exc:
+            await pool.close()
+            raise BackendUnavailable(
+                f"cannot connect to PostgreSQL ({_one_line(exc)}); check the URL and that the server is running"
+            ) from None
+        if version is None or version < LATEST_VERSION:
+            await pool.close()
+            what = "does not exist" if version is None else f"is at version {version}, this nursery_jobs needs {LATEST_VERSION}"
+            raise ConfigError(
+                f"the nursery_jobs schema {self.schema!r} {what}; run "
+                f"`nursery-jobs migrate --database-url <url> --schema {self.schema}` first"
+            )
+        if version > LATEST_VERSION:
+            await pool.close()
+            raise ConfigError(
+                f"the nursery_jobs schema {self.schema!r} is at version {version}, newer than this "
+                f"nursery_jobs ({LATEST_VERSION}); upgrade nursery_jobs"
+            )
+        self._pool = pool
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        await listen(
+            self.conninfo,
+            [self._jobs_channel, self._events_channel],
+            self._on_notify,
+            lambda: self._emit([JobsAvailable(None)]),
+            task_status=task_status,
+        )
+
+    def _on_notify(self, channel: str, payload: str) -> None:
+        if channel == self._jobs_channel:
+            self._emit([JobsAvailable(payload)])
+            return
+        kind, _, ids = payload.partition(":")
+        events: list[BackendEvent] = []
+        for text in ids.split(","):
+            if text.isdigit():
+                events.append(JobFinalized(int(text), None) if kind == "f" else CancelRequested(int(text)))
+        self._emit(events)
+
+    # -- protocol --
+
+    async def insert_many(self, jobs: Sequence[NewJob]) -> list[InsertResult]:
+        now = self.now()
+        run_ats = [now if j.run_at is None or j.run_at < now else j.run_at for j in jobs]
+        if all(j.unique_key is None for j in jobs):
+            params = (
+                now,
+                [j.kind for j in jobs],
+                [j.queue for j in jobs],
+                [j.args_json for j in jobs],
+                ["available" if r <= now else "scheduled" for r in run_ats],
+                [j.max_attempts for j in jobs],
+                [j.priority for j in jobs],
+                run_ats,
+                self._jobs_channel,
+            )
+            q = self._q["insert_many"]
+            ids: list[int] = await self.pool.run(lambda c: sorted(r[0] for r in c.execute(q, params).fetchall()))
+            results = [InsertResult(i, False) for i in ids]
+        else:
+            results = await self.pool.run(lambda c: [self._insert_one(c, j, r, now) for j, r in zip(jobs, run_ats)])
+        self._emit_inserted(jobs, run_ats, results, now)
+        return results
+
+    def _insert_one(self, conn: psycopg.Connection[Any], job: NewJob, run_at: float, now: float) -> InsertResult:
+        row = conn.execute(
+            self._q["insert_one"],
+            (job.kind, job.queue, job.args_json, "available" if run_at <= now else "scheduled", job.max_attempts,
+             job.priority, run_at, now, job.unique_key, self._jobs_channel, job.queue),
+        ).fetchone()  # fmt: skip
+        if row is not None:
+            return InsertResult(row[0], False)
+        existing = conn.execute(self._q["find_unique"], (job.unique_key,)).fetchone()
+        if existing is None:  # the holder became final between the two statements: try again
+            return self._insert_one(conn, job, run_at, now)
+        return InsertResult(existing[0], True)
+
+    def _emit_inserted(self, jobs: Sequence[NewJob], run_ats: list[float], results: list[InsertResult], now: float) -> None:
+        due_now: set[str] = set()
+        due_later: dict[str, float] = {}
+        for job, run_at, res in zip(jobs, run_ats, results):
+            if res.existing:
+                continue
+            if run_at <= now:
+                due_now.add(job.queue)
+            else:
+                due_later[job.queue] = min(run_at, due_later.get(job.queue, run_at))
+        self._emit([JobsAvailable(q) for q in sorted(due_now)] + [JobsAvailable(q, d) for q, d in sorted(due_later.items())])
+
+    async def claim(self, queue: str, limit: int) -> ClaimResult:
+        if limit <= 0:
+            return ClaimResult([], None)
+        now = self.now()
+        q = self._q["claim"]
+
+        def body(conn: psycopg.Connection[Any]) -> ClaimResult:
+            rows = conn.execute(q, {"now": now, "queue": queue, "limit": limit}).fetchall()
+            next_due = None
+            jobs = []
+            for r in rows:
+                if r[0] is None:
+                    next_due = r[7]
+                else:
+                    jobs.append(r)
+            jobs.sort(key=lambda r: (-r[6], r[7], r[0]))
+            return ClaimResult([ClaimedJob(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in jobs], next_due)
+
+        result: ClaimResult = await self.pool.run(body)
+        return result
+
+    async def finish_many(self, outcomes: Sequence[Outcome]) -> None:
+        if not outcomes:
+            return
+        now = self.now()
+        params = {
+            "ids": [o.job_id for o in outcomes],
+            "attempts": [o.attempt for o in outcomes],
+            "kinds": [o.kind.value for o in outcomes],
+            "run_ats": [now if o.run_at is None else max(o.run_at, now) for o in outcomes],
+            "errors": [
+                None
+                if o.error is None
+                else json.dumps(
+                    {"attempt": o.error.attempt, "at": o.error.at, "message": o.error.message, "traceback": o.error.traceback}
+                )
+                for o in outcomes
+            ],
+            "now": now,
+        }
+        q = self._q["finish"]
+        rows = await self.pool.run(lambda c: c.execute(q, params).fetchall())
+        events: list[BackendEvent] = []
+        finalized: list[int] = []
+        queues_now: set[str] = set()
+        for job_id, queue, state, run_at, message in rows:
+            st = JobState(state)
+            if st.final:
+                finalized.append(job_id)
+                events.append(JobFinalized(job_id, st, message))
+            elif run_at <= now:
+                queues_now.add(queue)
+                events.append(JobsAvailable(queue))
+            else:
+                events.append(JobsAvailable(queue, run_at))
+        if finalized or queues_now:
+            await self._notify(finalized, sorted(queues_now), "f")
+        self._emit(events)
+
+    async def _notify(self, ids: list[int], queues: list[str], kind: str) -> None:
+        channels: list[str] = []
+        payloads: list[str] = []
+        for i in range(0, len(ids), _NOTIFY_IDS_PER_PAYLOAD):
+            channels.append(self._events_channel)
+            payloads.append(f"{kind}:" + ",".join(map(str, ids[i : i + _NOTIFY_IDS_PER_PAYLOAD])))
+        for queue in queues:
+            channels.append(self._jobs_channel)
+            payloads.append(queue)
+        await self.pool.run(
+            lambda c: c.execute("SELECT pg_notify(ch, p) FROM unnest(%s::text[], %s::text[]) AS t(ch, p)", (channels, payloads))
+        )
+
+    async def cancel(self, job_id: int) -> JobState:
+        now = self.now()
+        q = self._q["cancel"]
+        row = await self.pool.run(lambda c: c.execute(q, {"id": job_id, "now": now}).fetchone())
+        if row is None:
+            raise JobNotFound(f"no job with id {job_id!r} in {self.url}")
+        before, after, message = row
+        state = JobState(after)
+        if JobState(before).final:
+            if self._faults.late_cancel_overwrites and before != "cancelled":
+                await self.pool.run(lambda c: c.execute(self._q["force_cancel"], (job_id,)))
+            return JobState(before)
+        if state is JobState.RUNNING:
+            await self._notify([job_id], [], "c")
+            self._emit([CancelRequested(job_id)])
+        else:
+            await self._notify([job_id], [], "f")
+            self._emit([JobFinalized(job_id, JobState.CANCELLED, message)])
+        return state
+
+    async def heartbeat(self, running: Sequence[tuple[int, int]]) -> HeartbeatResult:
+        if not running:
+            return HeartbeatResult([], [])
+        now = self.now()
+        q = self._q["heartbeat"]
+        params = (now, [r[0] for r in running], [r[1] for r in running])
+        rows = await self.pool.run(lambda c: c.execute(q, params).fetchall())
+        alive = {r[0]: r[1] for r in rows}
+        return HeartbeatResult(
+            [(job_id, attempt) for job_id, attempt in running if job_id not in alive],
+            [job_id for job_id, cancel in alive.items() if cancel],
+        )
+
+    async def rescue(self, stale_before: float) -> list[int]:
+        now = self.now()
+        q = self._q["rescue"]
+        rows = await self.pool.run(lambda c: c.execute(q, {"before": stale_before, "now": now}).fetchall())
+        events: list[BackendEvent] = []
+        finalized: list[int] = []
+        queues: set[str] = set()
+        for job_id, queue, state, message in rows:
+            if state == "available":
+                queues.add(queue)
+                events.append(JobsAvailable(queue))
+            else:
+                finalized.append(job_id)
+                events.append(JobFinalized(job_id, JobState(state), message))
+        if rows:
+            await self._notify(finalized, sorted(queues), "f")
+        self._emit(events)
+        return sorted(r[0] for r in rows)
+
+    async def delete_finished(self, before: Mapping[JobState, float]) -> int:
+        q = self._q["delete_finished"]
+        states = [JobState(s).value for s in before]
+        cutoffs = list(before.values())
+        row = await self.pool.run(lambda c: c.execute(q, (states, cutoffs)).fetchone())
+        return int(row[0]) if row else 0
+
+    async def get_job(self, job_id: int) -> Job:
+        q = self._q["get"]
+        row = await self.pool.run(lambda c: c.execute(q, (job_id,)).fetchone())
+        if row is None:
+            raise JobNotFound(f"no job with id {job_id!r} in {self.url}")
+        try:
+            args = decode_args(row[3])
+        except ValueError:
+            args = {}
+        errors = tuple(JobError(e["attempt"], e["at"], e["message"], e.get("traceback")) for e in (row[12] or []))
+        return Job(
+            id=row[0],
+            kind=row[1],
+            queue=row[2],
+            args=args,
+            state=JobState(row[4]),
+            attempt=row[5],
+            max_attempts=row[6],
+            priority=row[7],
+            run_at=row[8],
+            created_at=row[9],
+            attempted_at=row[10],
+            finalized_at=row[11],
+            errors=errors,
+            unique_key=row[13],
+        )
+
+    async def stats(self) -> Mapping[str, QueueCounts]:
+        q = self._q["stats"]
+        rows = await self.pool.run(lambda c: c.execute(q).fetchall())
+        acc: dict[str, dict[str, int]] = {}
+        for queue, state, count, failed, interrupted in rows:
+            c = acc.setdefault(queue, {"failed": 0, "interrupted": 0})
+            c[state] = count
+            c["failed"] += failed or 0
+            c["interrupted"] += interrupted or 0
+        return {
+            name: QueueCounts(
+                available=c.get("available", 0),
+                scheduled=c.get("scheduled", 0),
+                running=c.get("running", 0),
+                retryable=c.get("retryable", 0),
+                completed=c.get("completed", 0),
+                discarded=c.get("discarded", 0),
+                cancelled=c.get("cancelled", 0),
+                failed=c["failed"],
+                interrupted=c["interrupted"],
+            )
+            for name, c in sorted(acc.items())
+        }
+
+    # -- transactional enqueue --
+
+    def insert_sql(self, job: NewJob, now: float) -> tuple[sql.Composed, tuple[Any, ...]]:
+        """The statement and parameters that insert `job` and notify its queue, for running on
+        the caller's own connection inside the caller's transaction."""
+        run_at = now if job.run_at is None or job.run_at < now else job.run_at
+        params = (job.kind, job.queue, job.args_json, "available" if run_at <= now else "scheduled",
+                  job.max_attempts, job.priority, run_at, now, job.unique_key, self._jobs_channel, job.queue)  # fmt: skip
+        return self._q["insert_one"], params
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+_PENDING_SQL = "('available', 'scheduled', 'retryable')"
+
+_QUERIES: dict[str, sql.SQL] = {
+    "insert_many": sql.SQL(
+        "WITH ins AS ("
+        " INSERT INTO {s}.jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at)"
+        " SELECT k, q, a::jsonb, st, m, p, r, %s::float8"
+        " FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::int[], %s::int[], %s::float8[])"
+        "  WITH ORDINALITY AS t(k, q, a, st, m, p, r, ord) ORDER BY ord"
+        " RETURNING id, queue),"
+        " notes AS (SELECT count(*) AS n FROM (SELECT DISTINCT queue FROM ins) d,"
+        "  LATERAL (SELECT pg_notify(%s, d.queue)) x)"
+        " SELECT id, (SELECT n FROM notes) FROM ins"
+    ),
+    "insert_one": sql.SQL(
+        "WITH ins AS ("
+        " INSERT INTO {s}.jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at, unique_key)"
+        " VALUES (%s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s)"
+        " ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL"
+        "  AND state NOT IN ('completed', 'discarded', 'cancelled') DO NOTHING"
+        " RETURNING id)"
+        " SELECT id, (SELECT count(*) FROM (SELECT pg_notify(%s, %s)) x) FROM ins"
+    ),
+    "find_unique": sql.SQL(
+        "SELECT id FROM {s}.jobs WHERE unique_key = %s AND state NOT IN ('completed', 'discarded', 'cancelled')"
+    ),
+    "claim": sql.SQL(
+        "WITH claimed AS ("
+        " UPDATE {s}.jobs SET state = 'running', attempt = attempt + 1, attempted_at = %(now)s,"
+        "  heartbeat_at = %(now)s"
+        " WHERE id IN (SELECT id FROM {s}.jobs WHERE queue = %(queue)s"
+        "  AND state IN " + _PENDING_SQL + " AND run_at <= %(now)s"
+        "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
+        " RETURNING id, kind, queue, args::text, attempt, max_attempts, priority, run_at)"
+        " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at FROM claimed"
+        " UNION ALL"
+        " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+        "  (SELECT min(run_at) FROM {s}.jobs WHERE queue = %(queue)s"
+        "   AND state IN " + _PENDING_SQL + " AND run_at > %(now)s)"
+    ),
+    "finish": sql.SQL(
+        "WITH o AS (SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(kinds)s::text[],"
+        "  %(run_ats)s::float8[], %(errors)s::jsonb[]) AS t(id, attempt, kind, run_at, error)),"
+        " d AS (SELECT o.*, CASE WHEN o.kind IN ('retry', 'snooze', 'interrupted') AND j.cancel_requested"
+        "  THEN 'cancelled' ELSE o.kind END AS k"
+        "  FROM o JOIN {s}.jobs j ON j.id = o.id WHERE j.state = 'running' AND j.attempt = o.attempt)"
+        " UPDATE {s}.jobs j SET"
+        "  state = CASE d.k WHEN 'completed' THEN 'completed' WHEN 'discard' THEN 'discarded'"
+        "   WHEN 'cancelled' THEN 'cancelled'"
+        "   ELSE CASE WHEN d.k = 'interrupted' OR d.run_at <= %(now)s THEN 'available'"
+        "    WHEN d.k = 'retry' THEN 'retryable' ELSE 'scheduled' END END,"
+        "  attempt = j.attempt - CASE WHEN d.k IN ('snooze', 'interrupted') THEN 1 ELSE 0 END,"
+        "  run_at = CASE WHEN d.k IN ('retry', 'snooze') THEN d.run_at"
+        "   WHEN d.k = 'interrupted' THEN %(now)s ELSE j.run_at END,"
+        "  finalized_at = CASE WHEN d.k IN ('completed', 'discard', 'cancelled') THEN %(now)s END,"
+        "  errors = CASE WHEN d.error IS NULL THEN j.errors"
+        "   ELSE coalesce(j.errors, '[]'::jsonb) || jsonb_build_array(d.error) END,"
+        "  failed_attempts = j.failed_attempts"
+        "   + CASE WHEN d.error IS NOT NULL AND d.kind IN ('retry', 'discard') THEN 1 ELSE 0 END,"
+        "  interrupted = j.interrupted + CASE WHEN d.k = 'interrupted' THEN 1 ELSE 0 END,"
+        "  heartbeat_at = NULL"
+        " FROM d WHERE j.id = d.id AND j.state = 'running' AND j.attempt = d.attempt"
+        " RETURNING j.id, j.queue, j.state, j.run_at, j.errors -> -1 ->> 'message'"
+    ),
+    "cancel": sql.SQL(
+        "WITH cur AS (SELECT id, state FROM {s}.jobs WHERE id = %(id)s FOR UPDATE),"
+        " upd AS (UPDATE {s}.jobs j SET"
+        "  state = CASE WHEN cur.state = 'running' THEN 'running' ELSE 'cancelled' END,"
+        "  cancel_requested = CASE WHEN cur.state = 'running' THEN true ELSE j.cancel_requested END,"
+        "  finalized_at = CASE WHEN cur.state = 'running' THEN NULL ELSE %(now)s END"
+        "  FROM cur WHERE j.id = cur.id AND cur.state NOT IN ('completed', 'discarded', 'cancelled')"
+        "  RETURNING j.id, j.state, j.errors -> -1 ->> 'message' AS message)"
+        " SELECT cur.state, coalesce(upd.state, cur.state), upd.message FROM cur LEFT JOIN upd ON upd.id = cur.id"
+    ),
+    "force_cancel": sql.SQL("UPDATE {s}.jobs SET state = 'cancelled' WHERE id = %s"),
+    "heartbeat": sql.SQL(
+        "UPDATE {s}.jobs j SET heartbeat_at = %s"
+        " FROM unnest(%s::bigint[], %s::int[]) AS r(id, attempt)"
+        " WHERE j.id = r.id AND j.state = 'running' AND j.attempt = r.attempt"
+        " RETURNING j.id, j.cancel_requested"
+    ),
+    "rescue": sql.SQL(
+        "WITH stale AS (SELECT id FROM {s}.jobs WHERE state = 'running' AND heartbeat_at < %(before)s"
+        "  ORDER BY id FOR UPDATE SKIP LOCKED)"
+        " UPDATE {s}.jobs j SET"
+        "  state = CASE WHEN j.cancel_requested THEN 'cancelled'"
+        "   WHEN j.attempt >= j.max_attempts THEN 'discarded' ELSE 'available' END,"
+        "  run_at = %(now)s,"
+        "  finalized_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN %(now)s END,"
+        "  errors = coalesce(j.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object("
+        "   'attempt', j.attempt, 'at', %(now)s, 'traceback', NULL, 'message',"
+        "   'rescued: its worker stopped heartbeating at ' || to_char(j.heartbeat_at, 'FM999999999990.000')"
+        "   || ' (worker lost)')),"
+        "  failed_attempts = j.failed_attempts + 1, heartbeat_at = NULL"
+        " FROM stale WHERE j.id = stale.id"
+        " RETURNING j.id, j.queue, j.state, j.errors -> -1 ->> 'message'"
+    ),
+    "delete_finished": sql.SQL(
+        "WITH del AS (DELETE FROM {s}.jobs j USING unnest(%s::text[], %s::float8[]) AS c(state, before)"
+        " WHERE j.state = c.state AND j.finalized_at < c.before RETURNING 1) SELECT count(*) FROM del"
+    ),
+    "get": sql.SQL(
+        "SELECT id, kind, queue, args::text, state, attempt, max_attempts, priority, run_at, created_at,"
+        " attempted_at, finalized_at, errors, unique_key FROM {s}.jobs WHERE id = %s"
+    ),
+    "stats": sql.SQL(
+        "SELECT queue, state, count(*), sum(failed_attempts), sum(interrupted) FROM {s}.jobs GROUP BY queue, state"
+    ),
+}
