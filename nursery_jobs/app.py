@@ -52,8 +52,10 @@ class JobKind(Generic[P, R]):
         max_attempts: int,
         priority: int,
         retry: RetryPolicy | None,
+        asyncio: bool = False,
     ) -> None:
         self.fn = fn
+        self.asyncio = asyncio
         self.name = name
         self.queue = queue
         self.timeout = timeout
@@ -187,10 +189,13 @@ class App:
         name: str | None = None,
         priority: int = 0,
         retry: RetryPolicy | None = None,
+        asyncio: bool = False,
     ) -> Callable[[Callable[P, Awaitable[R]]], JobKind[P, R]]:
         """Register an async handler ``async def fn(ctx, **args)`` as a job kind.
 
-        `timeout=None` uses the queue's timeout. `name` defaults to the function's name and is
+        `timeout=None` uses the queue's timeout. `asyncio=True` marks an asyncio coroutine
+        function: it runs through the runtime's trio-asyncio bridge, still under its attempt's
+        cancel scope and timeout. `name` defaults to the function's name and is
         what `rt.enqueue(name, args)` and the backends store. Raises `ConfigError` for an
         unknown queue, a duplicate name, a non-async handler or a bad value.
         """
@@ -229,6 +234,7 @@ class App:
                 max_attempts=max_attempts,
                 priority=priority,
                 retry=retry,
+                asyncio=asyncio,
             )
             self._kinds[kind_name] = kind
             return kind

@@ -234,7 +234,12 @@ class QueueExecutor:
         try:
             with scope:
                 try:
-                    await kind.fn(ctx, **args)
+                    if kind.asyncio:
+                        from .infra.aio import call_asyncio
+
+                        await call_asyncio(kind.fn, ctx, **args)
+                    else:
+                        await kind.fn(ctx, **args)
                 except Exception as exc:
                     error = exc
         except trio.Cancelled:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar
 
 import attrs
@@ -275,6 +275,52 @@ class Runtime:
         new = self._new_job(self.app.kind(kind), args or {}, delay, run_at, priority, unique_key)
         return (await self._insert([new]))[0]
 
+    async def enqueue_tx(
+        self,
+        conn: Any,
+        kind: str,
+        args: Mapping[str, Any] | None = None,
+        *,
+        delay: float | None = None,
+        run_at: float | None = None,
+        priority: int | None = None,
+        unique_key: str | None = None,
+    ) -> JobId:
+        """Enqueue inside the caller's own open transaction on `conn` (PostgreSQL backend only).
+
+        `conn` is a psycopg `Connection` (run on a thread) or `AsyncConnection` (run through
+        trio-asyncio). The job exists only if that transaction commits, and its wake-up is sent
+        at the commit: a rolled-back request leaves no job behind, a committed one always runs.
+        The runtime never commits or rolls back `conn`.
+        """
+        insert_sql = getattr(self.backend, "insert_sql", None)
+        if insert_sql is None:
+            raise ConfigError(
+                f"enqueue_tx needs the PostgreSQL backend (this runtime uses {self.backend.url}); use enqueue"
+            )
+        new = self._new_job(self.app.kind(kind), args or {}, delay, run_at, priority, unique_key)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        query, params = insert_sql(new, self.backend.now())
+        from .infra.threads import run_sync_io
+
+        if hasattr(conn, "__aenter__"):  # psycopg.AsyncConnection
+            from .infra.aio import call_asyncio
+
+            async def execute() -> Any:
+                cur = await conn.execute(query, params)
+                return await cur.fetchone()
+
+            row = await call_asyncio(execute)
+        else:
+            row = await run_sync_io(lambda: conn.execute(query, params).fetchone(), limiter=self.thread_limiter)
+        if row is None:
+            raise ConfigError(
+                f"unique_key {unique_key!r} is held by a pending job; enqueue_tx does not look it up "
+                "inside your transaction: use enqueue for unique jobs"
+            )
+        return JobId(row[0], False)
+
     async def enqueue_many(
         self,
         kind: str,
@@ -431,8 +477,14 @@ async def open_runtime(
     try:
         await be.open()  # idempotent: a caller's instance may be open already
         be.add_listener(rt._on_event)
+        needs_aio = any(k.asyncio and k.queue in names for k in app.kinds.values())
         try:
-            async with open_owner("nursery_jobs.runtime") as owner:
+            async with AsyncExitStack() as stack:
+                if needs_aio:  # imported only when needed: trio_asyncio costs 0.3 s to import
+                    from .infra.aio import maybe_open_loop
+
+                    await stack.enter_async_context(maybe_open_loop(True))
+                owner = await stack.enter_async_context(open_owner("nursery_jobs.runtime"))
                 await _start_services(rt, owner)
                 graceful = True
                 try:

@@ -29,18 +29,17 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import logging
 import re
 import time
 from typing import Any, Callable, Mapping, Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import psycopg
 import trio
-from psycopg import sql
 
+from ..infra.pg import PgPool, listen, psycopg, sql  # psycopg only through infra: import order
 from .._faults import NO_FAULTS, Faults
 from ..errors import BackendUnavailable, ConfigError, JobNotFound
-from ..infra.pg import PgPool, listen
 from ..jobs import Job, JobError, JobState, decode_args
 from . import (
     BackendEvent,
@@ -57,6 +56,8 @@ from . import (
     OutcomeKind,
     QueueCounts,
 )
+
+log = logging.getLogger("nursery_jobs")
 
 __all__ = ["PostgresBackend", "migrate", "parse_postgres_url", "schema_version"]
 
@@ -168,6 +169,7 @@ class PostgresBackend:
         pool_size: int | None = None,
         pool_share: float = 0.5,
         poll_interval: float = 1.0,
+        outage_timeout: float = 30.0,
         clock: Callable[[], float] = time.time,
         faults: Faults = NO_FAULTS,
     ) -> None:
@@ -181,6 +183,7 @@ class PostgresBackend:
         self._auto_pool = pool_size is None
         self.pool_share = pool_share
         self.poll_interval: float | None = poll_interval
+        self.outage_timeout = outage_timeout
         self._clock = clock
         self._faults = faults
         self._listeners: list[Listener] = []
@@ -203,6 +206,29 @@ class PostgresBackend:
 
     def now(self) -> float:
         return self._clock()
+
+    async def _run(self, fn: Callable[[psycopg.Connection[Any]], Any], *, retry: bool = True) -> Any:
+        """``fn(conn)`` on a pooled connection. A lost connection (server restart, terminated
+        backend) is retried with bounded backoff for up to `outage_timeout` when `retry`: every
+        call that retries is safe to repeat (claims and outcomes are fenced, reads are reads).
+        Inserts do not retry: their outcome is unknown when the connection drops mid-call."""
+        deadline = trio.current_time() + self.outage_timeout
+        delay = 0.05
+        while True:
+            try:
+                return await self.pool.run(fn)
+            except psycopg.errors.QueryCanceled:
+                raise
+            except psycopg.OperationalError as exc:
+                if not retry or trio.current_time() + delay > deadline:
+                    raise BackendUnavailable(
+                        f"PostgreSQL unavailable ({_one_line(exc)}); gave up after {self.outage_timeout:g} s"
+                        if retry
+                        else f"PostgreSQL connection lost during a write whose outcome is unknown ({_one_line(exc)})"
+                    ) from exc
+                log.warning("PostgreSQL call failed (%s); retrying in %.2f s", _one_line(exc), delay)
+                await trio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -301,10 +327,10 @@ class PostgresBackend:
                 self._jobs_channel,
             )
             q = self._q["insert_many"]
-            ids: list[int] = await self.pool.run(lambda c: sorted(r[0] for r in c.execute(q, params).fetchall()))
+            ids: list[int] = await self._run(lambda c: sorted(r[0] for r in c.execute(q, params).fetchall()), retry=False)
             results = [InsertResult(i, False) for i in ids]
         else:
-            results = await self.pool.run(lambda c: [self._insert_one(c, j, r, now) for j, r in zip(jobs, run_ats)])
+            results = await self._run(lambda c: [self._insert_one(c, j, r, now) for j, r in zip(jobs, run_ats)], retry=False)
         self._emit_inserted(jobs, run_ats, results, now)
         return results
 
@@ -351,7 +377,7 @@ class PostgresBackend:
             jobs.sort(key=lambda r: (-r[6], r[7], r[0]))
             return ClaimResult([ClaimedJob(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in jobs], next_due)
 
-        result: ClaimResult = await self.pool.run(body)
+        result: ClaimResult = await self._run(body)
         return result
 
     async def finish_many(self, outcomes: Sequence[Outcome]) -> None:
@@ -374,7 +400,7 @@ class PostgresBackend:
             "now": now,
         }
         q = self._q["finish"]
-        rows = await self.pool.run(lambda c: c.execute(q, params).fetchall())
+        rows = await self._run(lambda c: c.execute(q, params).fetchall())
         events: list[BackendEvent] = []
         finalized: list[int] = []
         queues_now: set[str] = set()
@@ -401,21 +427,21 @@ class PostgresBackend:
         for queue in queues:
             channels.append(self._jobs_channel)
             payloads.append(queue)
-        await self.pool.run(
+        await self._run(
             lambda c: c.execute("SELECT pg_notify(ch, p) FROM unnest(%s::text[], %s::text[]) AS t(ch, p)", (channels, payloads))
         )
 
     async def cancel(self, job_id: int) -> JobState:
         now = self.now()
         q = self._q["cancel"]
-        row = await self.pool.run(lambda c: c.execute(q, {"id": job_id, "now": now}).fetchone())
+        row = await self._run(lambda c: c.execute(q, {"id": job_id, "now": now}).fetchone())
         if row is None:
             raise JobNotFound(f"no job with id {job_id!r} in {self.url}")
         before, after, message = row
         state = JobState(after)
         if JobState(before).final:
             if self._faults.late_cancel_overwrites and before != "cancelled":
-                await self.pool.run(lambda c: c.execute(self._q["force_cancel"], (job_id,)))
+                await self._run(lambda c: c.execute(self._q["force_cancel"], (job_id,)))
             return JobState(before)
         if state is JobState.RUNNING:
             await self._notify([job_id], [], "c")
@@ -431,7 +457,7 @@ class PostgresBackend:
         now = self.now()
         q = self._q["heartbeat"]
         params = (now, [r[0] for r in running], [r[1] for r in running])
-        rows = await self.pool.run(lambda c: c.execute(q, params).fetchall())
+        rows = await self._run(lambda c: c.execute(q, params).fetchall())
         alive = {r[0]: r[1] for r in rows}
         return HeartbeatResult(
             [(job_id, attempt) for job_id, attempt in running if job_id not in alive],
@@ -441,7 +467,7 @@ class PostgresBackend:
     async def rescue(self, stale_before: float) -> list[int]:
         now = self.now()
         q = self._q["rescue"]
-        rows = await self.pool.run(lambda c: c.execute(q, {"before": stale_before, "now": now}).fetchall())
+        rows = await self._run(lambda c: c.execute(q, {"before": stale_before, "now": now}).fetchall())
         events: list[BackendEvent] = []
         finalized: list[int] = []
         queues: set[str] = set()
@@ -461,12 +487,12 @@ class PostgresBackend:
         q = self._q["delete_finished"]
         states = [JobState(s).value for s in before]
         cutoffs = list(before.values())
-        row = await self.pool.run(lambda c: c.execute(q, (states, cutoffs)).fetchone())
+        row = await self._run(lambda c: c.execute(q, (states, cutoffs)).fetchone())
         return int(row[0]) if row else 0
 
     async def get_job(self, job_id: int) -> Job:
         q = self._q["get"]
-        row = await self.pool.run(lambda c: c.execute(q, (job_id,)).fetchone())
+        row = await self._run(lambda c: c.execute(q, (job_id,)).fetchone())
         if row is None:
             raise JobNotFound(f"no job with id {job_id!r} in {self.url}")
         try:
@@ -493,7 +519,7 @@ class PostgresBackend:
 
     async def stats(self) -> Mapping[str, QueueCounts]:
         q = self._q["stats"]
-        rows = await self.pool.run(lambda c: c.execute(q).fetchall())
+        rows = await self._run(lambda c: c.execute(q).fetchall())
         acc: dict[str, dict[str, int]] = {}
         for queue, state, count, failed, interrupted in rows:
             c = acc.setdefault(queue, {"failed": 0, "interrupted": 0})

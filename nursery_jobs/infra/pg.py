@@ -28,16 +28,21 @@ from __future__ import annotations
 
 import logging
 import math
+import select
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable, Sequence, TypeVar
 
 import outcome
-import psycopg
+
+from . import aio as _aio  # noqa: F401  (trio_asyncio must be imported before psycopg)
+
+import psycopg  # noqa: E402
+from psycopg import sql  # noqa: E402
 import trio
 
 from .owner import open_owner
 
-__all__ = ["PgPool", "listen"]
+__all__ = ["PgPool", "listen", "psycopg", "sql"]
 
 log = logging.getLogger("nursery_jobs")
 
@@ -89,7 +94,15 @@ class PgPool:
         with trio.fail_after(self._acquire_timeout):
             await self._limiter.acquire()
         try:
-            conn = self._idle.pop() if self._idle else await self._open()
+            conn = None
+            while self._idle:
+                candidate = self._idle.pop()
+                if _looks_alive(candidate):
+                    conn = candidate
+                    break
+                candidate.close()  # the server ended it while idle (restart, pg_terminate_backend)
+            if conn is None:
+                conn = await self._open()
             self.checked_out += 1
             try:
                 yield conn
@@ -116,6 +129,18 @@ class PgPool:
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+
+def _looks_alive(conn: psycopg.Connection[Any]) -> bool:
+    """An idle connection has nothing to read; if its socket is readable, the server sent a
+    goodbye (or closed it): one `select` with no wait, cheaper than a round trip."""
+    if conn.closed or conn.broken:
+        return False
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return False
+    return not readable
 
 
 def _rollback_or_close(conn: psycopg.Connection[Any]) -> None:
@@ -201,7 +226,7 @@ async def listen(
 def _listen_connect(conninfo: str, channels: Sequence[str]) -> psycopg.Connection[Any]:
     conn = psycopg.connect(conninfo, autocommit=True, connect_timeout=10)
     for channel in channels:
-        conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel)))
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
     return conn
 
 

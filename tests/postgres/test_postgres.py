@@ -1,0 +1,252 @@
+"""PostgreSQL-only behaviour: schema and migrations, the connection budget, transactions never
+held across handler code, claim cost, prompt wake-ups, transactional enqueue, the asyncio
+bridge, and surviving lost connections. Behaviour shared by all backends is in conformance/."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psycopg
+import pytest
+import trio
+
+import nursery_jobs as nj
+from nursery_jobs.backends.postgres import LATEST_VERSION, PostgresBackend, migrate, schema_version
+from nursery_jobs.cli import main as cli_main
+from tests import pgutil
+
+
+def _backend(url: str, schema: str | None = None, **kwargs) -> PostgresBackend:
+    return PostgresBackend(url, schema=schema or pgutil.new_schema(url), **kwargs)
+
+
+def test_migrate_cli_creates_then_reports_up_to_date(pg_url, capsys):
+    schema = "cli_made"
+    assert cli_main(["migrate", "--database-url", pg_url, "--schema", schema]) == 0
+    assert "applied 0001_initial.sql" in capsys.readouterr().out
+    assert cli_main(["migrate", "--database-url", f"{pg_url}?schema={schema}"]) == 0
+    assert "up to date" in capsys.readouterr().out
+    with psycopg.connect(pg_url) as conn:
+        assert schema_version(conn, schema) == LATEST_VERSION
+
+
+def test_migrate_refuses_a_schema_name_that_is_not_an_identifier(pg_url, capsys):
+    assert cli_main(["migrate", "--database-url", pg_url, "--schema", 'x"; DROP TABLE y; --']) == 2
+    assert "not a plain lower-case identifier" in capsys.readouterr().err
+    with pytest.raises(nj.ConfigError):
+        nj.open_backend(f"{pg_url}?schema=Bad-Name")
+
+
+def test_console_script_runs(pg_url):
+    exe = os.path.join(os.path.dirname(sys.executable), "nursery-jobs")
+    proc = subprocess.run([exe, "migrate", "--database-url", pg_url, "--schema", "script_made"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+
+
+async def test_runtime_refuses_to_start_on_a_missing_schema(pg_url):
+    app = nj.App()
+    with pytest.raises(nj.ConfigError, match="nursery-jobs migrate --database-url"):
+        async with nj.open_runtime(app, backend=f"{pg_url}?schema=never_migrated"):
+            pass
+
+
+async def test_unreachable_database_is_a_clear_error():
+    app = nj.App()
+    with pytest.raises(nj.BackendUnavailable, match="cannot connect to PostgreSQL.*check the URL"):
+        async with nj.open_runtime(app, backend="postgresql://postgres@127.0.0.1:1/nothing"):
+            pass
+
+
+async def test_connection_budget_is_checked_at_start(pg_url):
+    app = nj.App()
+    app.queue("index", max_workers=4)
+    app.queue("webhook", max_workers=8)
+    with pytest.raises(nj.ConfigError, match=r"22 queue workers \+ 1 runtime \+ 1 listener = 24 connections, but pool_size 40 x pool_share 0.5 = 20"):
+        async with nj.open_runtime(app, backend=f"{pg_url}?pool_size=40"):
+            pass
+    # the seed's numbers: 19 workers fit in half of 40 once the default queue is trimmed
+    app2 = nj.App()
+    app2.queue("default", max_workers=1)
+    app2.queue("index", max_workers=4)
+    app2.queue("webhook", max_workers=8)
+    schema = pgutil.new_schema(pg_url)
+    async with nj.open_runtime(app2, backend=f"{pg_url}?pool_size=40&schema={schema}"):
+        pass
+
+
+async def test_no_connection_or_transaction_is_held_while_a_handler_runs(pg_url):
+    app = nj.App()
+    seen = []
+    backend = _backend(pg_url)
+
+    @app.job()
+    async def observe(ctx: nj.JobContext) -> None:
+        await trio.sleep(0.2)  # let the completer and fetcher settle
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            in_tx = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND state LIKE 'idle in transaction%%' AND pid <> pg_backend_pid()"
+            ).fetchone()[0]
+        seen.append((backend.pool.checked_out, in_tx))
+
+    async with nj.open_runtime(app, backend=backend) as rt:
+        for _ in range(3):
+            assert (await rt.wait(await observe.enqueue(), timeout=10)).done
+    assert seen == [(0, 0)] * 3
+
+
+async def test_claim_uses_the_partial_index_at_100k_rows(pg_url):
+    backend = _backend(pg_url)
+    schema = backend.schema
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            f'INSERT INTO "{schema}".jobs (kind, queue, args, state, max_attempts, run_at, created_at, finalized_at)'
+            " SELECT 'k', 'q', '{}', 'completed', 25, g, g, g FROM generate_series(1, 100000) g"
+        )
+        conn.execute(
+            f'INSERT INTO "{schema}".jobs (kind, queue, args, state, max_attempts, run_at, created_at)'
+            " SELECT 'k', 'q', '{}', 'available', 25, g, g FROM generate_series(1, 1000) g"
+        )
+        conn.execute(f'ANALYZE "{schema}".jobs')
+        plan = "\n".join(
+            r[0]
+            for r in conn.execute(
+                f'EXPLAIN SELECT id FROM "{schema}".jobs WHERE queue = %s'
+                " AND state IN ('available', 'scheduled', 'retryable') AND run_at <= %s"
+                " ORDER BY priority DESC, run_at, id LIMIT 100 FOR UPDATE SKIP LOCKED",
+                ("q", 1e12),
+            ).fetchall()
+        )
+    assert "jobs_claim" in plan and "Seq Scan" not in plan, plan
+
+
+async def test_two_inserts_5ms_apart_both_start_without_waiting_for_a_poll(pg_url):
+    # The seed's queue lost the second wake-up of a write (a fetch cooldown) and the job waited
+    # a full poll. Polling is set to 60 s here, so only the wake-ups can start these jobs.
+    app = nj.App()
+    app.queue("index", max_workers=2, timeout=10, poll_interval=60)
+    started = {}
+
+    @app.job(queue="index")
+    async def index(ctx: nj.JobContext, doc: str) -> None:
+        started[doc] = time.perf_counter()
+
+    async with nj.open_runtime(app, backend=_backend(pg_url, poll_interval=60)) as rt:
+        for round_ in range(5):
+            t0 = time.perf_counter()
+            a = await index.enqueue(doc=f"raw{round_}")
+            await trio.sleep(0.005)
+            b = await index.enqueue(doc=f"wiki{round_}")
+            for job_id in (a, b):
+                assert (await rt.wait(job_id, timeout=30)).done
+            # far below the 60 s poll: both were woken, neither waited for a poll
+            assert started[f"wiki{round_}"] - t0 < 5
+
+
+async def test_transactional_enqueue_on_the_callers_connection(pg_url):
+    app = nj.App()
+    ran = []
+
+    @app.job()
+    async def welcome(ctx: nj.JobContext, user: str) -> None:
+        ran.append(user)
+
+    backend = _backend(pg_url)
+    async with nj.open_runtime(app, backend=backend) as rt:
+        conn = await trio.to_thread.run_sync(psycopg.connect, pg_url)
+        try:
+            # rolled back: no job
+            await trio.to_thread.run_sync(conn.execute, "SELECT 1")
+            kept_out = await rt.enqueue_tx(conn, "welcome", {"user": "ghost"})
+            await trio.to_thread.run_sync(conn.rollback)
+            # committed: the job runs
+            job_id = await rt.enqueue_tx(conn, "welcome", {"user": "ada"})
+            await trio.sleep(0.3)
+            assert ran == []  # not before the commit
+            await trio.to_thread.run_sync(conn.commit)
+            assert (await rt.wait(job_id, timeout=10)).state is nj.JobState.COMPLETED
+            with pytest.raises(nj.JobNotFound):
+                await rt.get_job(kept_out)
+        finally:
+            conn.close()
+    assert ran == ["ada"]
+
+
+async def test_transactional_enqueue_needs_postgres():
+    app = nj.App()
+
+    @app.job()
+    async def noop(ctx):
+        pass
+
+    async with nj.open_runtime(app) as rt:
+        with pytest.raises(nj.ConfigError, match="needs the PostgreSQL backend"):
+            await rt.enqueue_tx(object(), "noop", {})
+
+
+async def test_survives_terminated_connections(pg_url):
+    app = nj.App()
+    app.queue("q", max_workers=4, timeout=10, poll_interval=60)
+
+    @app.job(queue="q")
+    async def work(ctx: nj.JobContext, n: int) -> None:
+        await trio.sleep(0.01)
+
+    backend = _backend(pg_url, poll_interval=60)
+    async with nj.open_runtime(app, backend=backend) as rt:
+        first = await work.enqueue_many([{"n": n} for n in range(20)])
+        for job_id in first:
+            assert (await rt.wait(job_id, timeout=10)).done
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            killed = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()[0]
+        assert killed >= 2  # the listener and at least one pooled connection
+        await trio.sleep(0.5)  # the listener notices and reconnects
+        second = await work.enqueue_many([{"n": n} for n in range(20)])
+        for job_id in second:
+            assert (await rt.wait(job_id, timeout=20)).state is nj.JobState.COMPLETED
+
+
+def test_trio_asyncio_is_imported_before_psycopg_in_a_fresh_interpreter(pg_url):
+    code = (
+        "import sys, nursery_jobs.backends.postgres\n"
+        "mods = list(sys.modules)\n"
+        "assert mods.index('trio_asyncio') < mods.index('psycopg'), 'psycopg imported first'\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
+
+
+async def test_asyncio_handler_runs_through_the_bridge_with_timeout_and_async_psycopg(pg_url):
+    import asyncio
+
+    app = nj.App()
+    results = []
+
+    @app.job(asyncio=True)
+    async def aio_query(ctx: nj.JobContext, n: int) -> None:
+        async with await psycopg.AsyncConnection.connect(pg_url) as aconn:
+            cur = await aconn.execute("SELECT %s::int * 2", (n,))
+            results.append((await cur.fetchone())[0])
+        await asyncio.sleep(0)
+
+    @app.job(asyncio=True, timeout=0.2, max_attempts=1)
+    async def aio_slow(ctx: nj.JobContext) -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            results.append("asyncio task cancelled")
+            raise
+
+    async with nj.open_runtime(app, backend=_backend(pg_url)) as rt:
+        assert (await rt.wait(await aio_query.enqueue(n=21), timeout=10)).state is nj.JobState.COMPLETED
+        receipt = await rt.wait(await aio_slow.enqueue(), timeout=10)
+    assert receipt.error == "timed out after 0.2 s"
+    assert results == [42, "asyncio task cancelled"]
