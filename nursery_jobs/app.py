@@ -135,6 +135,8 @@ class BoundEnqueue:
     async def enqueue_many(self, many: Iterable[Mapping[str, Any]]) -> list[JobId]:
         rt = get_runtime(f"{self.kind.name}.enqueue_many()")
         o = self.opts
+        if o.unique_key is not None:
+            raise ConfigError("unique_key applies to enqueue(), not enqueue_many(): one key cannot name many jobs")
         return await rt.enqueue_many(self.kind.name, many, delay=o.delay, run_at=o.run_at, priority=o.priority)
 
 

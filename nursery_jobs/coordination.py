@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from .errors import ConfigError
-from .jobs import Job, Receipt
+from .jobs import Job, JobState, Receipt
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -78,4 +78,6 @@ class Receipts:
 
 
 def _receipt(job: Job) -> Receipt:
-    return Receipt(job.id, job.state.final, job.state, job.errors[-1].message if job.errors else None)
+    # A job that completed on a later attempt has no error to report.
+    error = job.errors[-1].message if job.errors and job.state is not JobState.COMPLETED else None
+    return Receipt(job.id, job.state.final, job.state, error)

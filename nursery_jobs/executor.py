@@ -53,6 +53,21 @@ __all__ = ["QueueExecutor"]
 _MAX_TRACEBACK = 16_384
 
 
+def _error_message(error: BaseException) -> str:
+    """`Type: text`; for an exception group (a failed child of `ctx.children()`), its leaves."""
+    if isinstance(error, BaseExceptionGroup):
+        leaves: list[BaseException] = []
+
+        def walk(group: BaseExceptionGroup[BaseException]) -> None:
+            for exc in group.exceptions:
+                walk(exc) if isinstance(exc, BaseExceptionGroup) else leaves.append(exc)
+
+        walk(error)
+        parts = [f"{type(e).__name__}: {e}" for e in leaves]
+        return parts[0] if len(parts) == 1 else f"{len(parts)} errors: " + "; ".join(parts)
+    return f"{type(error).__name__}: {error}"
+
+
 class _Slot:
     __slots__ = ("event", "job")
 
@@ -273,7 +288,9 @@ class QueueExecutor:
         timeout: float | None,
     ) -> None:
         faults = self.rt.faults
-        if scope.cancel_called and (error is not None or scope.cancelled_caught):
+        if scope.cancel_called:
+            # Which scope fired decides, even if the handler swallowed the Cancelled and
+            # returned: a timed-out attempt is a timeout, a shutdown-cut one is given back.
             reason = None if faults.outcome_from_exception_type else attempt.reason
             if reason == "cancel":
                 self._finish(job, OutcomeKind.CANCELLED)
@@ -292,7 +309,7 @@ class QueueExecutor:
         elif isinstance(error, Discard):
             self._finish(job, OutcomeKind.DISCARD, error=error.reason)
         else:
-            message = f"{type(error).__name__}: {error}"
+            message = _error_message(error)
             tb = "".join(traceback.format_exception(error))[-_MAX_TRACEBACK:]
             self._fail(job, kind, message, tb)
 

@@ -51,6 +51,9 @@ class JobId(int):
     def __repr__(self) -> str:
         return f"JobId({int(self)}{', existing=True' if self.existing else ''})"
 
+    def __str__(self) -> str:  # f"{job_id}" in a log line or URL is the plain number
+        return int.__repr__(self)
+
 
 class JobState(str, enum.Enum):
     """Where a job is in its life. The last three are final."""
@@ -124,12 +127,12 @@ class Receipt:
     error: str | None = None
 
 
-@attrs.frozen
+@attrs.define  # not frozen: a frozen attrs class costs 3x to build on the per-attempt path
 class JobContext:
     """What a handler knows about the attempt it is running.
 
     `deadline` is the Trio-clock instant at which the attempt's timeout fires (`inf` when the
-    job has no timeout). Handlers that need concurrent children open `ctx.children()`: the
+    job has no timeout). Treat it as read-only. Handlers that need concurrent children open `ctx.children()`: the
     children belong to this attempt and are cancelled with it.
     """
 
@@ -172,14 +175,18 @@ class Discard(Exception):
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
+# One encoder for the process: json.dumps with options builds a new JSONEncoder per call.
+_encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
 
 def encode_args(args: Any) -> str:
     """JSON text for `args`, or `ArgsError` if it would not come back equal."""
     if not isinstance(args, dict):
         raise ArgsError(f"job args must be a dict of keyword arguments, not {type(args).__name__}")
+    if not args:
+        return "{}"
     try:
-        text = json.dumps(args, separators=(",", ":"), allow_nan=False)
+        text = _encode(args)
     except (TypeError, ValueError) as exc:
         raise ArgsError(
             f"job args are not JSON-serialisable ({exc}); pass ids and plain data "
@@ -198,6 +205,8 @@ def encode_args(args: Any) -> str:
 
 
 def decode_args(text: str) -> dict[str, Any]:
+    if text == "{}":
+        return {}
     value = json.loads(text)
     if not isinstance(value, dict):
         raise ValueError(f"stored job args are not a JSON object: {text[:80]!r}")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+from collections import abc
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar
 
@@ -92,6 +93,8 @@ class Runtime:
         self.thread_limiter = trio.CapacityLimiter(settings.thread_limit)
         self.threads_in_flight = 0
         self.closing = False
+        self.interrupted: list[int] = []
+        """Ids of the attempts the last shutdown interrupted (available again, attempt given back)."""
         self._grace_scope: trio.CancelScope | None = None
         self._skip_grace = False
         self._maintenance_scope = trio.CancelScope()
@@ -212,7 +215,7 @@ class Runtime:
         priority: int | None,
         unique_key: str | None,
     ) -> NewJob:
-        if not isinstance(args, Mapping):
+        if type(args) is not dict and not isinstance(args, abc.Mapping):
             raise ArgsError(f"args for job {kind.name!r} must be a mapping of keyword arguments, not {type(args).__name__}")
         kind.check_args(args)
         args_json = encode_args(dict(args))
@@ -387,6 +390,13 @@ class Runtime:
             )
         return out
 
+    def begin_shutdown(self) -> None:
+        """Start the shutdown now: refuse enqueues and stop claiming, while the service's own
+        code (main) is still winding down. Leaving `open_runtime` does the rest."""
+        self.closing = True
+        for executor in self.executors.values():
+            executor.stop_claiming()
+
     def skip_grace(self) -> None:
         """End the grace period now (or make the coming shutdown skip it): running attempts
         are interrupted at once."""
@@ -403,14 +413,20 @@ class Runtime:
     async def _shutdown(self, graceful: bool) -> None:
         settings = self.settings
         with trio.CancelScope(shield=True):
-            self.closing = True
-            for executor in self.executors.values():
-                executor.stop_claiming()
+            self.begin_shutdown()
             if graceful and not self._skip_grace:
                 grace = math.inf if self.faults.unbounded_grace else settings.grace
                 with trio.move_on_after(grace) as self._grace_scope:
                     await self._wait_idle()
                 self._grace_scope = None
+            cut = sorted(self.attempts.values(), key=lambda a: a.job.id)
+            if cut:
+                self.interrupted = [a.job.id for a in cut]
+                log.warning(
+                    "shutdown: grace over, interrupting %d running attempts (they become available again): %s",
+                    len(cut),
+                    ", ".join(f"job {a.job.id} ({a.job.kind})" for a in cut),
+                )
             for executor in self.executors.values():
                 executor.cancel_running("shutdown")
             with trio.move_on_after(settings.flush_bound) as unwind:
@@ -544,7 +560,7 @@ def run(
             def first() -> None:
                 main_scope.cancel()
                 if rt_box:
-                    rt_box[0].closing = True
+                    rt_box[0].begin_shutdown()  # stop claiming at once, not after main unwinds
 
             def second() -> None:
                 main_scope.cancel()

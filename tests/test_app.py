@@ -174,3 +174,16 @@ async def test_snooze_and_discard_validate_their_arguments():
         nj.Snooze("soon")  # type: ignore[arg-type]
     assert nj.Discard("gone").reason == "gone"
     await trio.lowlevel.checkpoint()
+
+
+def test_job_id_prints_as_a_plain_number():
+    job_id = nj.JobId(5, existing=True)
+    assert (str(job_id), f"{job_id}", "%s" % job_id, repr(job_id)) == ("5", "5", "5", "JobId(5, existing=True)")
+    assert job_id == 5 and job_id.existing
+
+
+async def test_unique_key_is_refused_for_enqueue_many():
+    app, index_doc = _app()
+    async with nj.open_runtime(app):
+        with pytest.raises(nj.ConfigError, match="unique_key applies to enqueue"):
+            await index_doc.options(unique_key="same").enqueue_many([{"doc_id": 1}])

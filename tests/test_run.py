@@ -66,9 +66,11 @@ def test_second_signal_skips_the_grace():
         os.kill(os.getpid(), signal.SIGINT)
 
     async def main(rt: nj.Runtime) -> None:
-        await rt.enqueue("work", {"seconds": 60})
-        await rt.enqueue("resender", {})
-        await trio.sleep(0.05)
+        ids = [await rt.enqueue("work", {"seconds": 60}), await rt.enqueue("resender", {})]
+        with trio.fail_after(10):  # both must be running: the first signal stops claiming
+            while (await rt.stats())["default"].running < 2:
+                await trio.sleep(0.01)
+        assert ids
         os.kill(os.getpid(), signal.SIGINT)
         await trio.sleep(30)
 
@@ -95,3 +97,31 @@ def test_main_exception_propagates_after_shutdown():
     with pytest.raises(BaseExceptionGroup) as info:
         nj.run(main, app=app)
     assert info.group_contains(KeyError)
+
+
+def test_first_signal_stops_claiming_while_main_still_unwinds():
+    app = nj.App()
+    app.queue("q", max_workers=2, timeout=30)
+    started = []
+    signalled = []
+
+    @app.job(queue="q")
+    async def work(ctx: nj.JobContext) -> None:
+        started.append(trio.current_time())
+        await trio.sleep(0.05)
+
+    async def main(rt: nj.Runtime) -> None:
+        await work.enqueue_many({} for _ in range(200))
+        await trio.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)
+        try:
+            await trio.sleep(10)
+        except trio.Cancelled:
+            signalled.append(trio.current_time())
+            with trio.CancelScope(shield=True):
+                await trio.sleep(0.5)  # main's own shielded cleanup
+            raise
+
+    assert nj.run(main, app=app, grace=5) is None
+    assert signalled and started
+    assert not [t for t in started if t > signalled[0]]

@@ -211,3 +211,68 @@ def test_retry_policy_delays(jitter):
     for d, n in zip(delays, nominal):
         assert n * (1 - jitter) <= d <= n * (1 + jitter)
     assert nj.RetryPolicy().delay(25, rng) <= 6 * 3600 * 1.1
+
+
+async def test_a_handler_that_swallows_cancellation_still_gets_the_fired_scopes_outcome(make_backend, autojump_clock):
+    app = nj.App()
+
+    @app.job(timeout=5, retry=nj.RetryPolicy(base=1000, jitter=0))
+    async def swallow(ctx: nj.JobContext) -> None:
+        try:
+            await trio.sleep(3600)
+        except trio.Cancelled:
+            return  # wrong, but it must not turn a timeout, cancel or shutdown into "completed"
+
+    backend = make_backend()
+    async with nj.open_runtime(app, backend=backend, grace=1) as rt:
+        timed_out = await swallow.enqueue()
+        assert (await rt.wait(timed_out, timeout=6)).error == "timed out after 5 s"
+        assert (await rt.get_job(timed_out)).state is nj.JobState.RETRYABLE
+        cancelled = await swallow.enqueue()
+        await trio.sleep(1)
+        await rt.cancel(cancelled)
+        assert (await rt.wait(cancelled, timeout=1)).state is nj.JobState.CANCELLED
+        cut = await swallow.enqueue()
+        await trio.sleep(0.5)
+    job = await backend.get_job(cut)
+    assert job.state is nj.JobState.AVAILABLE and job.attempt == 0
+    assert rt.interrupted == [cut]
+
+
+async def test_child_failures_are_reported_by_their_own_messages(make_backend, autojump_clock):
+    app = nj.App()
+
+    async def bad(text: str) -> None:
+        raise ValueError(text)
+
+    @app.job(max_attempts=1)
+    async def one(ctx: nj.JobContext) -> None:
+        async with ctx.children() as tasks:
+            tasks.spawn(bad, "child broke")
+
+    @app.job(max_attempts=1)
+    async def two(ctx: nj.JobContext) -> None:
+        async with ctx.children() as tasks:
+            tasks.spawn(bad, "a")
+            tasks.spawn(bad, "b")
+
+    async with nj.open_runtime(app, backend=make_backend()) as rt:
+        r1 = await rt.wait(await one.enqueue(), timeout=5)
+        r2 = await rt.wait(await two.enqueue(), timeout=5)
+    assert r1.error == "ValueError: child broke"
+    assert r2.error in ("2 errors: ValueError: a; ValueError: b", "2 errors: ValueError: b; ValueError: a")
+
+
+async def test_a_job_that_completed_after_failures_reports_no_error(make_backend, autojump_clock):
+    app = nj.App()
+
+    @app.job(retry=nj.RetryPolicy(base=1, jitter=0))
+    async def second_time_lucky(ctx: nj.JobContext) -> None:
+        if ctx.attempt == 1:
+            raise RuntimeError("busy")
+
+    async with nj.open_runtime(app, backend=make_backend()) as rt:
+        job_id = await second_time_lucky.enqueue()
+        receipt = await rt.wait(job_id, timeout=10)
+        assert receipt == nj.Receipt(job_id, True, nj.JobState.COMPLETED, None)
+        assert [e.message for e in (await rt.get_job(job_id)).errors] == ["RuntimeError: busy"]
