@@ -29,6 +29,7 @@ Outcomes are not written here: they go to the completer, which writes them in ba
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import random
@@ -68,6 +69,14 @@ def _error_message(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+_CANCEL_TAKES_REASON = "reason" in inspect.signature(trio.CancelScope.cancel).parameters
+_REASON_TEXT = {
+    "shutdown": "nursery_jobs: the runtime is shutting down and the grace period is over",
+    "cancel": "nursery_jobs: the job was cancelled",
+    "lost": "nursery_jobs: this worker lost the job (its claim expired or it was rescued elsewhere)",
+}
+
+
 class _Slot:
     __slots__ = ("event", "job")
 
@@ -87,10 +96,17 @@ class Attempt:
         self.queue = queue
         self.reason: str | None = None
 
+    def open_children(self) -> Any:
+        return self.queue.open_children(self.job)
+
     def cancel(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
-        self.scope.cancel()
+        # The reason also reaches the handler: Cancelled's text and ctx.cancel_reason name it.
+        if _CANCEL_TAKES_REASON:
+            self.scope.cancel(reason=_REASON_TEXT.get(self.reason, self.reason))
+        else:  # pragma: no cover - trio < 0.31 has no cancel reasons
+            self.scope.cancel()
 
 
 class QueueExecutor:
@@ -236,7 +252,7 @@ class QueueExecutor:
             max_attempts=job.max_attempts,
             args=args,
             deadline=deadline,
-            children_factory=self._children_factory(job),
+            attempt_handle=attempt,
         )
         stale = rt.attempts.get(job.id)
         if stale is not None:
@@ -268,15 +284,14 @@ class QueueExecutor:
                 del rt.attempts[job.id]
         self._decide(job, kind, attempt, scope, error, timeout)
 
-    def _children_factory(self, job: ClaimedJob) -> Callable[[], Any]:
+    def open_children(self, job: ClaimedJob) -> Any:
         faults = self.rt.faults
-        name = f"job-{job.id}"
         if faults.system_task_children:
             from .infra.owner import system_children
 
-            return lambda: system_children()
+            return system_children()
         escape = self._owner if faults.children_in_queue_scope else None
-        return lambda: open_children(name, escape)
+        return open_children(f"job-{job.id}", escape)
 
     def _decide(
         self,

@@ -143,7 +143,7 @@ class JobContext:
     max_attempts: int
     args: dict[str, Any]
     deadline: float
-    _children_factory: Any = attrs.field(repr=False, alias="children_factory")
+    _attempt: Any = attrs.field(repr=False, alias="attempt_handle")
 
     def children(self) -> Any:
         """An async context manager owning this attempt's child tasks.
@@ -151,7 +151,19 @@ class JobContext:
         ``async with ctx.children() as tasks: tasks.spawn(fetch, url)`` -- the block waits for
         the children; a timeout, cancel or shutdown of the job cancels them too.
         """
-        return self._children_factory()
+        return self._attempt.open_children()
+
+    @property
+    def cancel_reason(self) -> str | None:
+        """Why this attempt is being cancelled, once it is: "shutdown", "cancel" (rt.cancel),
+        "lost" (this worker lost the job) or "timeout"; None while it is not.
+
+        Lets cleanup code tell a redeploy from a timeout without reading clocks.
+        """
+        reason: str | None = self._attempt.reason
+        if reason is None and self._attempt.scope.cancel_called:
+            return "timeout"
+        return reason
 
 
 class Snooze(Exception):

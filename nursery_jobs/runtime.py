@@ -461,7 +461,7 @@ async def open_runtime(
     app: App,
     *,
     backend: str | Backend = "memory://",
-    grace: float = 20.0,
+    grace: float | None = None,
     queues: Sequence[str] | None = None,
     settings: RuntimeSettings | None = None,
     _faults: Faults = NO_FAULTS,
@@ -470,7 +470,8 @@ async def open_runtime(
 
     `backend`: a URL (``memory://``) or a Backend instance; a URL's backend is opened and closed
     here, an instance is left open for its owner (which is how a test restarts a runtime on the
-    same jobs). `grace`: seconds shutdown waits for running jobs before interrupting them.
+    same jobs). `grace`: seconds shutdown waits for running jobs before interrupting them
+    (default: `settings.grace`, 20 s).
     `queues`: the queues this runtime works (default: all of the app's; ``[]`` makes an
     enqueue-only runtime). `settings`: the other tuning constants (see `RuntimeSettings`).
 
@@ -480,7 +481,8 @@ async def open_runtime(
     if not isinstance(app, App):
         raise ConfigError(f"open_runtime needs an nursery_jobs.App, not {app!r}")
     settings = settings or RuntimeSettings()
-    settings = attrs.evolve(settings, grace=grace) if grace != settings.grace else settings
+    if grace is not None:
+        settings = attrs.evolve(settings, grace=grace)  # validated by RuntimeSettings
     names = list(app.queues) if queues is None else list(queues)
     unknown = [q for q in names if q not in app.queues]
     if unknown:
@@ -539,7 +541,7 @@ def run(
     *,
     app: App,
     backend: str | Backend = "memory://",
-    grace: float = 20.0,
+    grace: float | None = None,
     queues: Sequence[str] | None = None,
     settings: RuntimeSettings | None = None,
 ) -> T | None:
@@ -577,4 +579,19 @@ def run(
                 owner.cancel_scope.cancel()
         return result
 
-    return run_trio(root)
+    try:
+        return run_trio(root)
+    except BaseExceptionGroup as group:
+        leaf = _single_leaf(group)
+        if leaf is None:
+            raise
+        raise leaf from None  # one error, nested only by the runtime's own scopes: show it plain
+
+
+def _single_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        if len(exc.exceptions) != 1:
+            return None
+        exc = exc.exceptions[0]
+    return exc

@@ -116,3 +116,35 @@ async def test_cancel_unknown_job_raises(make_backend, autojump_clock):
             await rt.get_job(999)
         with pytest.raises(nj.JobNotFound):
             await rt.wait(999, timeout=1)
+
+
+async def test_the_handler_can_tell_why_it_is_cancelled(make_backend, autojump_clock):
+    app = nj.App()
+    reasons = {}
+
+    @app.job(timeout=None)
+    async def watch(ctx: nj.JobContext, name: str, limit: float | None = None) -> None:
+        assert ctx.cancel_reason is None
+        try:
+            with trio.fail_after(limit) if limit else trio.CancelScope():
+                await trio.sleep(3600)
+        finally:
+            reasons[name] = ctx.cancel_reason
+
+    @app.job(timeout=2, max_attempts=1)
+    async def short(ctx: nj.JobContext) -> None:
+        try:
+            await trio.sleep(3600)
+        except trio.Cancelled as exc:
+            reasons["timeout"] = (ctx.cancel_reason, exc)
+            raise
+
+    async with nj.open_runtime(app, backend=make_backend(), grace=1) as rt:
+        cancelled = await watch.enqueue(name="cancel")
+        await rt.wait(await short.enqueue(), timeout=5)
+        await rt.cancel(cancelled)
+        await rt.wait(cancelled, timeout=5)
+        await watch.enqueue(name="shutdown")
+        await trio.sleep(0.5)
+    assert reasons["cancel"] == "cancel" and reasons["shutdown"] == "shutdown"
+    assert reasons["timeout"][0] == "timeout"
