@@ -42,6 +42,7 @@ from ._context import current_job_id
 from .backends import ClaimedJob, Outcome, OutcomeKind
 from .config import QueueConfig
 from .infra.owner import TaskOwner, open_children
+from .infra.sync import Mailbox
 from .jobs import Discard, JobContext, JobError, Snooze, decode_args
 
 if TYPE_CHECKING:
@@ -77,14 +78,6 @@ _REASON_TEXT = {
 }
 
 
-class _Slot:
-    __slots__ = ("event", "job")
-
-    def __init__(self) -> None:
-        self.event = trio.Event()
-        self.job: ClaimedJob | None = None
-
-
 class Attempt:
     """A running attempt: its scope and, once someone cancels it, why."""
 
@@ -115,7 +108,7 @@ class QueueExecutor:
         self.cfg = cfg
         self.name = cfg.name
         self.max_workers = cfg.max_workers
-        self._idle: list[_Slot] = []
+        self._idle: list[Mailbox[ClaimedJob]] = []
         self._kick = trio.Event()
         self._wake = True  # claim once at start-up: jobs may be waiting from before
         self._next_due = math.inf
@@ -124,6 +117,7 @@ class QueueExecutor:
         self._all_exited = trio.Event()
         self._owner: TaskOwner | None = None
         self._cancel_reason: str | None = None
+        self._kinds: dict[str, tuple[Any, float | None]] = {}
         self.started = 0
 
     # -- notifications (synchronous, called from backend events and workers) --
@@ -140,8 +134,8 @@ class QueueExecutor:
         self._claiming = False
         self._kick.set()
         idle, self._idle = self._idle, []
-        for slot in idle:
-            slot.event.set()  # job None: the worker exits
+        for box in idle:
+            box.put(None)  # no job: the worker exits
 
     async def wait_workers_exited(self) -> None:
         await self._all_exited.wait()
@@ -196,9 +190,7 @@ class QueueExecutor:
                     # give the job back rather than leave it running with no worker.
                     self._finish(job, OutcomeKind.INTERRUPTED)
                     continue
-                slot = self._idle.pop()
-                slot.job = job
-                slot.event.set()
+                self._idle.pop().put(job)
             if len(result.jobs) == limit:
                 self._wake = True  # the queue may hold more than we had room for
             if not self._claiming:
@@ -207,12 +199,11 @@ class QueueExecutor:
 
     async def _worker(self) -> None:
         try:
+            box: Mailbox[ClaimedJob] = Mailbox()
             while self._claiming:
-                slot = _Slot()
-                self._idle.append(slot)
+                self._idle.append(box)
                 self._kick.set()
-                await slot.event.wait()
-                job = slot.job
+                job = await box.get()
                 if job is None:
                     return
                 self.started += 1
@@ -231,16 +222,21 @@ class QueueExecutor:
             # started yet: it never starts, and the attempt is given back.
             self._finish(job, OutcomeKind.INTERRUPTED)
             return
-        kind = rt.app._kinds.get(job.kind)
-        if kind is None:
-            self._finish(job, OutcomeKind.DISCARD, error=f"unknown job kind {job.kind!r}: no @app.job registers it in this process")
-            return
+        cached = self._kinds.get(job.kind)
+        if cached is None:
+            found = rt.app._kinds.get(job.kind)
+            if found is None:
+                self._finish(
+                    job, OutcomeKind.DISCARD, error=f"unknown job kind {job.kind!r}: no @app.job registers it in this process"
+                )
+                return
+            cached = self._kinds[job.kind] = (found, rt.app.timeout_for(found))
+        kind, timeout = cached
         try:
             args = decode_args(job.args_json)
         except ValueError as exc:
             self._finish(job, OutcomeKind.DISCARD, error=f"job args could not be decoded: {exc}")
             return
-        timeout = rt.app.timeout_for(kind)
         deadline = trio.current_time() + timeout if timeout is not None else math.inf
         scope = trio.CancelScope(deadline=deadline)
         attempt = Attempt(job, scope, self)

@@ -38,21 +38,28 @@ __all__ = [
 
 class JobId(int):
     """A job's id, as `enqueue` returns it: an int that also says whether the enqueue made a new
-    job (`existing=False`) or found a not-yet-final job with the same `unique_key`
-    (`existing=True`, no job was added)."""
+    job (`existing` False) or found a not-yet-final job with the same `unique_key` (`existing`
+    True, no job was added). Build one with ``JobId.of(id, existing)``."""
 
-    existing: bool
+    __slots__ = ()
+    existing = False
 
-    def __new__(cls, value: int, existing: bool = False) -> JobId:
-        self = super().__new__(cls, value)
-        self.existing = existing
-        return self
+    @staticmethod
+    def of(value: int, existing: bool = False) -> JobId:
+        # Two classes instead of an instance attribute: an int subclass with a __dict__ costs a
+        # tracked dict per job, and enqueue_many returns one per job.
+        return _ExistingJobId(value) if existing else JobId(value)
 
     def __repr__(self) -> str:
         return f"JobId({int(self)}{', existing=True' if self.existing else ''})"
 
     def __str__(self) -> str:  # f"{job_id}" in a log line or URL is the plain number
         return int.__repr__(self)
+
+
+class _ExistingJobId(JobId):
+    __slots__ = ()
+    existing = True
 
 
 class JobState(str, enum.Enum):

@@ -206,19 +206,15 @@ class Runtime:
 
     # -- public API --
 
-    def _new_job(
+    def _options(
         self,
         kind: JobKind[Any, Any],
-        args: Mapping[str, Any],
         delay: float | None,
         run_at: float | None,
         priority: int | None,
         unique_key: str | None,
-    ) -> NewJob:
-        if type(args) is not dict and not isinstance(args, abc.Mapping):
-            raise ArgsError(f"args for job {kind.name!r} must be a mapping of keyword arguments, not {type(args).__name__}")
-        kind.check_args(args)
-        args_json = encode_args(dict(args))
+    ) -> tuple[float | None, int, str | None]:
+        """(run_at, priority, unique_key) validated once per enqueue call, not once per job."""
         if delay is not None and run_at is not None:
             raise ConfigError("pass delay= or run_at=, not both")
         if delay is not None:
@@ -237,7 +233,30 @@ class Runtime:
             priority = -priority
         if unique_key is not None and (not isinstance(unique_key, str) or not unique_key):
             raise ConfigError(f"unique_key must be a non-empty str, not {unique_key!r}")
-        return NewJob(kind.name, kind.queue, args_json, priority, run_at, kind.max_attempts, unique_key)
+        return run_at, priority, unique_key
+
+    @staticmethod
+    def _args_json(kind: JobKind[Any, Any], args: Mapping[str, Any]) -> str:
+        if type(args) is not dict:
+            if not isinstance(args, abc.Mapping):
+                raise ArgsError(
+                    f"args for job {kind.name!r} must be a mapping of keyword arguments, not {type(args).__name__}"
+                )
+            args = dict(args)
+        kind.check_args(args)
+        return encode_args(args)
+
+    def _new_job(
+        self,
+        kind: JobKind[Any, Any],
+        args: Mapping[str, Any],
+        delay: float | None,
+        run_at: float | None,
+        priority: int | None,
+        unique_key: str | None,
+    ) -> NewJob:
+        run_at, prio, key = self._options(kind, delay, run_at, priority, unique_key)
+        return NewJob(kind.name, kind.queue, self._args_json(kind, args), prio, run_at, kind.max_attempts, key)
 
     def _check_open(self) -> None:
         if self.closing:
@@ -254,7 +273,7 @@ class Runtime:
             await trio.lowlevel.checkpoint()
         else:
             await trio.lowlevel.cancel_shielded_checkpoint()
-        return [JobId(r.id, r.existing) for r in results]
+        return [JobId.of(r.id, r.existing) for r in results]
 
     async def enqueue(
         self,
@@ -322,7 +341,7 @@ class Runtime:
                 f"unique_key {unique_key!r} is held by a pending job; enqueue_tx does not look it up "
                 "inside your transaction: use enqueue for unique jobs"
             )
-        return JobId(row[0], False)
+        return JobId.of(row[0])
 
     async def enqueue_many(
         self,
@@ -336,7 +355,9 @@ class Runtime:
         """Enqueue one job of `kind` per mapping in `many`, in one backend call; returns the ids
         in order. Every job is validated first: one bad mapping rejects the whole batch."""
         job_kind = self.app.kind(kind)
-        jobs = [self._new_job(job_kind, args, delay, run_at, priority, None) for args in many]
+        when, prio, _ = self._options(job_kind, delay, run_at, priority, None)
+        name, queue, attempts, to_json = job_kind.name, job_kind.queue, job_kind.max_attempts, self._args_json
+        jobs = [NewJob(name, queue, to_json(job_kind, args), prio, when, attempts, None) for args in many]
         if not jobs:
             await trio.lowlevel.checkpoint()
             return []

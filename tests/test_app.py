@@ -177,9 +177,10 @@ async def test_snooze_and_discard_validate_their_arguments():
 
 
 def test_job_id_prints_as_a_plain_number():
-    job_id = nj.JobId(5, existing=True)
+    job_id = nj.JobId.of(5, existing=True)
     assert (str(job_id), f"{job_id}", "%s" % job_id, repr(job_id)) == ("5", "5", "5", "JobId(5, existing=True)")
-    assert job_id == 5 and job_id.existing
+    assert job_id == 5 and job_id.existing and not nj.JobId.of(6).existing
+    assert isinstance(job_id, nj.JobId) and not hasattr(job_id, "__dict__")
 
 
 async def test_unique_key_is_refused_for_enqueue_many():
