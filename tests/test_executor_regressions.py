@@ -37,3 +37,32 @@ async def test_a_retry_scheduled_while_a_claim_is_in_flight_is_not_lost(autojump
         await trio.sleep(10)
         assert (await rt.get_job(job_id)).state is nj.JobState.DISCARDED
     assert [round(t, 2) for t in starts] == [0.01, 1.02, 2.03]
+
+
+class HeartbeatFailsBackend(nj.MemoryBackend):
+    """A backend whose heartbeat writes fail, as when the database is unreachable."""
+
+    async def heartbeat(self, running):
+        raise ConnectionError("database unreachable")
+
+
+async def test_a_worker_that_cannot_renew_its_heartbeat_cancels_the_job(autojump_clock, caplog):
+    app = nj.App()
+    log = []
+
+    @app.job(timeout=None)
+    async def long(ctx: nj.JobContext) -> None:
+        try:
+            await trio.sleep(3600)
+        finally:
+            log.append((ctx.cancel_reason, trio.current_time()))
+
+    settings = nj.RuntimeSettings(heartbeat_interval=1, rescue_after=10, rescue_interval=100)
+    backend = HeartbeatFailsBackend()
+    async with nj.open_runtime(app, backend=backend, settings=settings, grace=0):
+        await long.enqueue()
+        await trio.sleep(20)
+    # cancelled before anyone could rescue it: within rescue_after / 2 (+ one heartbeat)
+    reason, at = log[0]
+    assert reason == "lost" and at <= 10 / 2 + 1
+    assert "cancelling this process's running jobs" in caplog.text
