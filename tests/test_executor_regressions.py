@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 import nursery_jobs as nj
@@ -66,3 +67,21 @@ async def test_a_worker_that_cannot_renew_its_heartbeat_cancels_the_job(autojump
     reason, at = log[0]
     assert reason == "lost" and at <= 10 / 2 + 1
     assert "cancelling this process's running jobs" in caplog.text
+
+
+async def test_memory_backend_keeps_a_bounded_number_of_final_jobs(autojump_clock):
+    app = nj.App()
+
+    @app.job()
+    async def noop(ctx: nj.JobContext) -> None:
+        pass
+
+    backend = nj.MemoryBackend(max_final_jobs=10)
+    async with nj.open_runtime(app, backend=backend) as rt:
+        ids = await noop.enqueue_many([{}] * 25)
+        assert (await rt.wait(ids[-1], timeout=5)).done
+        await trio.sleep(1)
+        assert (await rt.stats())["default"].completed == 10
+        assert (await rt.get_job(ids[-1])).state is nj.JobState.COMPLETED
+        with pytest.raises(nj.JobNotFound):
+            await rt.get_job(ids[0])

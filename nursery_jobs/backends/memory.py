@@ -17,6 +17,7 @@ backend.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import math
 from typing import Mapping, Sequence
@@ -24,7 +25,7 @@ from typing import Mapping, Sequence
 import trio
 
 from .._faults import NO_FAULTS, Faults
-from ..errors import JobNotFound
+from ..errors import ConfigError, JobNotFound
 from ..jobs import Job, JobError, JobState, decode_args
 from . import (
     BackendEvent,
@@ -93,7 +94,14 @@ class MemoryBackend:
     url = "memory://"
     poll_interval: float | None = None  # every wake-up is pushed: nothing to poll for
 
-    def __init__(self, *, faults: Faults = NO_FAULTS) -> None:
+    def __init__(self, *, max_final_jobs: int = 100_000, faults: Faults = NO_FAULTS) -> None:
+        """`max_final_jobs`: final jobs kept at most (oldest dropped first), besides the
+        runtime's age-based retention, so an embedded service's memory stays bounded at any
+        throughput (100,000 x ~420 B = ~42 MB)."""
+        if isinstance(max_final_jobs, bool) or not isinstance(max_final_jobs, int) or max_final_jobs < 0:
+            raise ConfigError(f"max_final_jobs must be an int >= 0, not {max_final_jobs!r}")
+        self.max_final_jobs = max_final_jobs
+        self._final_order: collections.deque[int] = collections.deque()
         self._faults = faults
         self._rows: dict[int, _Row] = {}
         self._queues: dict[str, _QueueState] = {}
@@ -156,6 +164,10 @@ class MemoryBackend:
     def _finalize(self, row: _Row, q: _QueueState, state: JobState, now: float) -> JobFinalized:
         self._move(row, q, state)
         row.finalized_at = now
+        final = self._final_order
+        final.append(row.id)
+        if len(final) > self.max_final_jobs:
+            self._drop(final.popleft())
         if row.unique_key is not None and self._unique.get(row.unique_key) == row.id:
             del self._unique[row.unique_key]
         errors = row.errors
@@ -327,18 +339,23 @@ class MemoryBackend:
         for job_id in [
             r.id for r in self._rows.values() if r.finalized_at is not None and r.finalized_at < before.get(r.state, -math.inf)
         ]:
-            row = self._rows.pop(job_id)
-            q = self._q(row.queue)
-            q.counts[row.state] -= 1
-            q.failed -= row.failed
-            q.interrupted -= row.interrupted
+            self._drop(job_id)
             deleted += 1
         return deleted
+
+    def _drop(self, job_id: int) -> None:
+        row = self._rows.pop(job_id, None)
+        if row is None:
+            return  # retention got there first
+        q = self._q(row.queue)
+        q.counts[row.state] -= 1
+        q.failed -= row.failed
+        q.interrupted -= row.interrupted
 
     def _row(self, job_id: int) -> _Row:
         row = self._rows.get(job_id)
         if row is None:
-            raise JobNotFound(f"no job with id {job_id!r} in {self.url}")
+            raise JobNotFound(f"no job with id {job_id} in {self.url}")
         return row
 
     async def get_job(self, job_id: int) -> Job:

@@ -436,7 +436,7 @@ class PostgresBackend:
         q = self._q["cancel"]
         row = await self._run(lambda c: c.execute(q, {"id": job_id, "now": now}).fetchone())
         if row is None:
-            raise JobNotFound(f"no job with id {job_id!r} in {self.url}")
+            raise JobNotFound(f"no job with id {job_id} in {self.url}")
         before, after, message = row
         state = JobState(after)
         if JobState(before).final:
@@ -494,7 +494,7 @@ class PostgresBackend:
         q = self._q["get"]
         row = await self._run(lambda c: c.execute(q, (job_id,)).fetchone())
         if row is None:
-            raise JobNotFound(f"no job with id {job_id!r} in {self.url}")
+            raise JobNotFound(f"no job with id {job_id} in {self.url}")
         try:
             args = decode_args(row[3])
         except ValueError:

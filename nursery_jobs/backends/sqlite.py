@@ -327,7 +327,7 @@ class SqliteBackend:
         def body(conn: sqlite3.Connection) -> tuple[JobState, list[BackendEvent]]:
             row = conn.execute("SELECT state, errors FROM nj_jobs WHERE id = ?", (job_id,)).fetchone()
             if row is None:
-                raise JobNotFound(f"no job with id {job_id!r} in {self.url}")
+                raise JobNotFound(f"no job with id {job_id} in {self.url}")
             state = JobState(row[0])
             if state.final:
                 if self._faults.late_cancel_overwrites and state is not JobState.CANCELLED:
@@ -427,7 +427,7 @@ class SqliteBackend:
 
         row = await self._call(body)
         if row is None:
-            raise JobNotFound(f"no job with id {job_id!r} in {self.url}")
+            raise JobNotFound(f"no job with id {job_id} in {self.url}")
         try:
             args = decode_args(row[3])
         except ValueError:
