@@ -115,6 +115,7 @@ class QueueExecutor:
         self._claiming = True
         self._workers_alive = 0
         self._all_exited = trio.Event()
+        self._fetcher_exited = trio.Event()
         self._owner: TaskOwner | None = None
         self._cancel_reason: str | None = None
         self._kinds: dict[str, tuple[Any, float | None]] = {}
@@ -151,7 +152,7 @@ class QueueExecutor:
             self._workers_alive = workers
             for i in range(workers):
                 owner.spawn(self._worker, name=f"worker-{i}")
-            owner.spawn(self._fetcher, name="fetcher")
+            owner.spawn(self._fetcher_task, name="fetcher")
             task_status.started()
 
     async def _fetcher(self) -> None:
@@ -179,23 +180,39 @@ class QueueExecutor:
             # read before they were written. Start from inf and merge both.
             self._next_due = math.inf
             limit = len(self._idle)
-            result = await backend.claim(self.name, limit)
+            # A claim commits before it answers: if it were cancelled mid-way, the jobs it
+            # took would stay running with nobody to run them. So it runs shielded (bounded),
+            # and whatever it returns is either handed to a worker or given back.
+            with trio.CancelScope(shield=True) as claim_scope:
+                claim_scope.deadline = trio.current_time() + self.rt.settings.flush_bound
+                result = await backend.claim(self.name, limit)
             if faults.drop_wakeup_during_fetch:
                 self._wake = False
             if result.next_due is not None and result.next_due < self._next_due:
                 self._next_due = result.next_due
+            torn_down = trio.current_effective_deadline() == -math.inf
             for job in result.jobs:
-                if not self._idle:
-                    # Shutdown emptied the idle list while a (durable) claim was in flight:
-                    # give the job back rather than leave it running with no worker.
+                if torn_down or not self._idle:
+                    # The runtime is being torn down, or shutdown emptied the idle list while
+                    # the claim was in flight: give the job back, attempt and all.
                     self._finish(job, OutcomeKind.INTERRUPTED)
                     continue
                 self._idle.pop().put(job)
+            await trio.lowlevel.checkpoint_if_cancelled()
             if len(result.jobs) == limit:
                 self._wake = True  # the queue may hold more than we had room for
             if not self._claiming:
                 break
         # Claimed jobs handed out above still run: they are part of the grace period.
+
+    async def _fetcher_task(self) -> None:
+        try:
+            await self._fetcher()
+        finally:
+            self._fetcher_exited.set()
+
+    async def wait_fetcher_exited(self) -> None:
+        await self._fetcher_exited.wait()
 
     async def _worker(self) -> None:
         try:
@@ -203,7 +220,14 @@ class QueueExecutor:
             while self._claiming:
                 self._idle.append(box)
                 self._kick.set()
-                job = await box.get()
+                try:
+                    job = await box.get()
+                except trio.Cancelled:
+                    # Torn down from outside: a job put in the box but not taken goes back.
+                    leftover = box.take_nowait()
+                    if leftover is not None:
+                        self._finish(leftover, OutcomeKind.INTERRUPTED)
+                    raise
                 if job is None:
                     return
                 self.started += 1

@@ -459,6 +459,11 @@ class Runtime:
                     stuck or "some attempts",
                     settings.flush_bound,
                 )
+            with trio.move_on_after(settings.flush_bound):
+                # A claim in flight when claiming stopped hands its jobs back through the
+                # completer: wait for every fetcher before stopping it.
+                for executor in self.executors.values():
+                    await executor.wait_fetcher_exited()
             self.completer.stop()
             with trio.move_on_after(settings.flush_bound):
                 await self.completer.finished.wait()
@@ -533,6 +538,10 @@ async def open_runtime(
                     raise
                 finally:
                     await rt._shutdown(graceful)
+            # Every task has ended; write anything pushed after the completer stopped (a task
+            # torn down from outside gives its job back on its way out).
+            with trio.CancelScope(shield=True), trio.move_on_after(settings.flush_bound):
+                await rt.completer.drain_inline()
         finally:
             be.remove_listener(rt._on_event)
             if owns_backend:

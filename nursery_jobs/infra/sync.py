@@ -31,6 +31,11 @@ class Mailbox(Generic[T]):
         self._full = True
         self._lot.unpark()
 
+    def take_nowait(self) -> T | None:
+        """The item if one is waiting (and empty the box), else None."""
+        item, self._item, self._full = self._item, None, False
+        return item
+
     async def get(self) -> T | None:
         """The next item; parks until one is put. A checkpoint either way."""
         if self._full:

@@ -1,0 +1,130 @@
+"""Several real worker processes on one PostgreSQL schema: exactly once at scale, and workers
+that survive the server terminating all of their connections.
+
+Each worker is `worker.py` in its own OS process (see its docstring); what a job did is read from
+the per-process execution logs, what the backend decided from the jobs table.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import psycopg
+
+from tests.processes.procutil import (
+    FAST_RESCUE,
+    Spawner,
+    Store,
+    assert_clean_exit,
+    count_records,
+    fetch_jobs,
+    read_executions,
+    starts_by_job,
+    state_counts,
+    wait_all_exit,
+    wait_until,
+)
+
+
+def _start_workers(spawner: Spawner, store: Store, count: int, *extra: str, drain: float = 1.0):
+    procs = [spawner.worker(store.url, *extra, name=f"w{i}", drain=drain) for i in range(count)]
+    for proc in procs:
+        proc.wait_ready()
+    return procs
+
+
+def test_three_workers_run_5000_jobs_exactly_once(spawner, pg_store):
+    workers = _start_workers(spawner, pg_store, 3, "--max-workers", "8")
+    ids = spawner.enqueue(pg_store.url, 5000, sleep=0.002)
+    assert len(set(ids)) == 5000
+
+    codes = wait_all_exit(workers, timeout=90)
+    for proc in workers:
+        assert_clean_exit(proc, codes[proc.name])
+        assert "DRAINED" in proc.stdout()
+
+    jobs = fetch_jobs(pg_store)
+    assert set(jobs) == set(ids)
+    assert state_counts(jobs) == {"completed": 5000}
+    assert {j.attempt for j in jobs.values()} == {1}
+    assert all(not j.errors for j in jobs.values())
+
+    execs = read_executions(spawner.log_dir)
+    starts = starts_by_job(execs)
+    doubles = {i: s for i, s in starts.items() if len(s) != 1}
+    assert not doubles, f"jobs executed more than once: {dict(list(doubles.items())[:5])}"
+    assert set(starts) == set(ids)
+    assert sum(e.ev == "end" for e in execs) == 5000
+    assert not [e for e in execs if e.ev == "cancelled"]
+    by_pid = {w.pid: sum(s[0].pid == w.pid for s in starts.values()) for w in workers}
+    assert all(n > 0 for n in by_pid.values()), f"a worker got no job: {by_pid}"
+
+
+def _terminate_connections(store: Store, app_name: str) -> int:
+    dbname = psycopg.conninfo.conninfo_to_dict(store.conninfo or "")["dbname"]
+    with psycopg.connect(store.conninfo or "", autocommit=True, connect_timeout=5) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = %s AND pid <> pg_backend_pid() AND application_name = %s",
+            (dbname, app_name),
+        ).fetchall()
+    return len(rows)
+
+
+def test_workers_survive_terminated_connections(spawner, pg_store):
+    # Poll only every 100 s: after the terminations, work that arrives on an idle worker can only
+    # be picked up in time through a LISTEN connection that came back.
+    opts = ("--max-workers", "8", "--poll-interval", "100", "--grace", "5", *FAST_RESCUE)
+    workers = _start_workers(spawner, pg_store, 2, *opts, drain=None)
+    ids = spawner.enqueue(pg_store.url, 3000, sleep=0.01)
+
+    killed = 0
+    for threshold in (500, 1500):
+        wait_until(
+            lambda: count_records(spawner.log_dir, "end") >= threshold,
+            timeout=60,
+            what=f"{threshold} jobs done",
+            interval=0.02,
+        )
+        killed += _terminate_connections(pg_store, spawner.app_name)
+    assert killed >= 4, "expected pool and LISTEN connections of both workers to be terminated"
+    wait_until(lambda: count_records(spawner.log_dir, "end") >= 3000, timeout=60, what="3000 jobs done")
+    for proc in workers:
+        assert proc.popen.poll() is None, f"{proc.name} died:\n{proc.describe()}"
+    wait_until(lambda: _listening(pg_store, spawner.app_name) >= 2, timeout=15, what="both listeners back")
+
+    # Both workers are idle now; new jobs must reach them through NOTIFY, well before a poll.
+    time.sleep(0.5)
+    more = spawner.enqueue(pg_store.url, 100, first=3000, sleep=0.01)
+    enqueued_at = time.time()  # the insert committed (and notified) before the enqueuer exited
+    wait_until(lambda: count_records(spawner.log_dir, "end") >= 3100, timeout=20, what="the last 100 jobs")
+    first_start = min(e.t for e in read_executions(spawner.log_dir) if e.ev == "start" and e.n >= 3000)
+    assert first_start - enqueued_at < 2.0, "the last jobs waited for a poll: no wake-up reached the workers"
+
+    for proc in workers:
+        proc.signal(signal.SIGTERM)
+    codes = wait_all_exit(workers, timeout=20)
+    for proc in workers:
+        assert_clean_exit(proc, codes[proc.name])
+
+    ids = ids + more
+    jobs = fetch_jobs(pg_store)
+    assert set(jobs) == set(ids)
+    assert state_counts(jobs) == {"completed": 3100}
+    starts = starts_by_job(read_executions(spawner.log_dir))
+    assert set(starts) == set(ids)
+    # At least once: a job may run again only if the backend rescued it (e.g. a claim whose
+    # answer was lost with the connection).
+    rerun = {i for i, s in starts.items() if len(s) > 1}
+    assert all(jobs[i].errors and jobs[i].errors[-1].startswith("rescued:") for i in rerun), rerun
+
+
+def _listening(store: Store, app_name: str) -> int:
+    """How many of these workers' connections are LISTEN connections right now."""
+    with psycopg.connect(store.conninfo or "", autocommit=True, connect_timeout=5) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND query ILIKE 'LISTEN%%'",
+            (app_name,),
+        ).fetchone()
+    return int(row[0]) if row else 0
