@@ -1,0 +1,620 @@
+"""The property harness: scripted jobs drawn as data, one fresh `trio.run` per example, and the
+style-B command loop that drives the runtime and the reference model side by side.
+
+One example (`Example.run`) is:
+
+- a fresh `App` whose kinds run *scripted* handlers: each execution looks up its `Step` (sleep,
+  children, then return / raise / snooze / discard, or hang) and records `start` and `end` with
+  `trio.current_time()`, the attempt and the execution number into `World.history`;
+- a fresh `MockClock(autojump_threshold=0)` (virtual time jumps to the next deadline whenever
+  every task is blocked), a fresh `TaskAudit` instrument, a fresh `HarnessBackend`;
+- a driver task that opens the runtime, draws commands from `st.data()` that depend on the
+  model's state (enqueue, burst, advance, cancel, wait, shutdown + restart), applies each to the
+  runtime and to the model, and then waits for quiescence (`wait_all_tasks_blocked`, which never
+  lets autojump move the clock) before checking;
+- at every quiescent point the ambient invariants (audit violations, P01; the job tasks found
+  by walking the task tree are exactly the running attempts, P02) and the property's own checks;
+- at the end, a drain (run everything the model still expects to run, cancelling hung jobs),
+  shutdown, and the exit invariants: the live set is the baseline again (P02).
+
+Property tests request no pytest fixtures and build everything inside the example.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Awaitable, Callable
+
+import trio
+import trio.testing
+from hypothesis import settings
+from hypothesis import strategies as st
+
+import nursery_jobs as nj
+from nursery_jobs._faults import NO_FAULTS, Faults
+from nursery_jobs.backends import JobFinalized
+
+from .audit import PropertyFailed, TaskAudit, context_job, expect, walk_tree
+from .model import DISCARD, HANG, HANG_S, OK, RAISE, SNOOZE, JobSpec, Model, QueueSpec, Step
+
+FLUSH_BOUND = 3.375
+CLEANUP_BOUND = 1.0
+DRAIN_HORIZON = 1000.0
+PROBE_QUEUE = "probe"
+
+
+def examples(n: int) -> int:
+    """A per-test example budget, scaled by the loaded profile (`ci` = 100 -> n as written)."""
+    assert settings.default is not None
+    return max(1, n * settings.default.max_examples // 100)
+
+
+class ScriptedError(Exception):
+    """What a scripted `raise` step raises."""
+
+
+class BackendCrash(Exception):
+    """What `HarnessBackend.finish_many` raises on its `crash_at`-th call (P11)."""
+
+
+def first_property_failure(exc: BaseException) -> PropertyFailed | None:
+    if isinstance(exc, PropertyFailed):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = first_property_failure(inner)
+            if found is not None:
+                return found
+    return None
+
+
+# -- the scripted world --
+
+
+class World:
+    """The app with scripted kinds, one per queue, and everything they record."""
+
+    def __init__(self, queues: list[QueueSpec], audit: TaskAudit, *, jitter: float = 0.0, probe: bool = False) -> None:
+        self.audit = audit
+        self.queues = {q.name: q for q in queues}
+        self.app = app = nj.App()
+        for q in queues:
+            app.queue(q.name, max_workers=q.max_workers, timeout=q.timeout)
+            policy = nj.RetryPolicy(base=q.retry_base, factor=q.retry_factor, cap=100.0, jitter=jitter)
+            app.job(queue=q.name, name=q.kind, max_attempts=q.max_attempts, retry=policy)(self._handler())
+        if probe:
+            app.queue(PROBE_QUEUE, max_workers=1, timeout=None)
+            app.job(queue=PROBE_QUEUE, name="probe")(self._probe())
+        self.specs: dict[int, JobSpec] = {}
+        self.id_of: dict[int, int] = {}
+        self.n_of: dict[int, int] = {}
+        self.execs: dict[int, int] = {}
+        self.history: list[tuple[Any, ...]] = []
+        self.running: dict[int, int] = {}
+        self.in_queue: dict[str, int] = {}
+        self.max_in_queue: dict[str, int] = {}
+        self.finals: list[tuple[float, int, nj.JobState]] = []
+        self.probes_run: list[int] = []
+
+    def add(self, spec: JobSpec) -> int:
+        n = len(self.specs)
+        self.specs[n] = spec
+        return n
+
+    def accept(self, job_id: int, n: int) -> None:
+        self.id_of[n] = job_id
+        self.n_of[job_id] = n
+
+    def starts(self) -> list[tuple[float, int, int, int]]:
+        """(time, n, attempt, execution) of every attempt that started, in order."""
+        return [(e[0], e[3], e[4], e[5]) for e in self.history if e[1] == "start"]
+
+    def ends(self) -> list[tuple[float, int, int, int, str]]:
+        """(time, n, attempt, execution, how) of every attempt that ended, in order."""
+        return [(e[0], e[3], e[4], e[5], e[6]) for e in self.history if e[1] == "end"]
+
+    def on_backend_event(self, event: Any) -> None:
+        if isinstance(event, JobFinalized) and event.state is not None:
+            now = trio.current_time()
+            self.finals.append((now, event.job_id, event.state))
+            self.history.append((now, "final", event.job_id, self.n_of.get(event.job_id), event.state))
+            leftover = self.audit.live_for_job(event.job_id)
+            if leftover:
+                self.audit.record(
+                    "P02", f"job {event.job_id} was recorded {event.state.value} at t={now} with live tasks {leftover}"
+                )
+
+    def _handler(self) -> Callable[..., Awaitable[None]]:
+        async def scripted(ctx: nj.JobContext, n: int) -> None:
+            await self._run_step(ctx, n)
+
+        return scripted
+
+    def _probe(self) -> Callable[..., Awaitable[None]]:
+        async def probe(ctx: nj.JobContext, n: int) -> None:
+            self.probes_run.append(ctx.id)
+
+        return probe
+
+    async def _run_step(self, ctx: nj.JobContext, n: int) -> None:
+        spec = self.specs[n]
+        k = self.execs.get(ctx.id, 0)
+        self.execs[ctx.id] = k + 1
+        step = spec.step(k)
+        me = trio.lowlevel.current_task()
+        self.history.append((trio.current_time(), "start", ctx.id, n, ctx.attempt, k))
+        self.running[ctx.id] = n
+        count = self.in_queue[ctx.queue] = self.in_queue.get(ctx.queue, 0) + 1
+        self.max_in_queue[ctx.queue] = max(self.max_in_queue.get(ctx.queue, 0), count)
+        how = "returned"
+        try:
+            try:
+                async with ctx.children() as tasks:
+                    for i, d in enumerate(step.children):
+                        tasks.spawn(trio.sleep, d, name=f"child-{n}.{k}.{i}")
+                    await trio.sleep(HANG_S if step.outcome == HANG else step.duration)
+                if step.outcome == RAISE:
+                    raise ScriptedError(f"job {n} execution {k}")
+                if step.outcome == SNOOZE:
+                    raise nj.Snooze(step.snooze)
+                if step.outcome == DISCARD:
+                    raise nj.Discard(f"job {n} execution {k} discarded")
+            except BaseException as exc:
+                how = type(exc).__name__
+                raise
+        finally:
+            # cleanup: shielded (a cancelled job still runs it) and bounded (it cannot hang
+            # the shutdown)
+            with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_BOUND):
+                await trio.sleep(0)
+            now = trio.current_time()
+            leftover = self.audit.live_for_job(ctx.id, exclude=me)
+            if leftover:
+                self.audit.record("P02", f"job {ctx.id} attempt {ctx.attempt} ended at t={now} with live tasks {leftover}")
+            self.in_queue[ctx.queue] -= 1
+            del self.running[ctx.id]
+            self.history.append((now, "end", ctx.id, n, ctx.attempt, k, how))
+
+
+class HarnessBackend(nj.MemoryBackend):
+    """The memory backend, optionally with a claim that answers after a checkpoint (the round
+    trip of a durable backend: inserts can land while a claim is in flight) and a
+    `finish_many` that crashes on its `crash_at`-th call (a runtime service crash, P11)."""
+
+    def __init__(
+        self, world: World, *, faults: Faults = NO_FAULTS, claim_yields: bool = False, crash_at: int | None = None
+    ) -> None:
+        super().__init__(faults=faults)
+        self.claim_yields = claim_yields
+        self.crash_at = crash_at
+        self.finish_calls = 0
+        self.crashed: BackendCrash | None = None
+        self.add_listener(world.on_backend_event)
+
+    async def claim(self, queue: str, limit: int) -> Any:
+        result = await super().claim(queue, limit)
+        if self.claim_yields:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        return result
+
+    async def finish_many(self, outcomes: Any) -> None:
+        self.finish_calls += 1
+        if self.finish_calls == self.crash_at:
+            self.crashed = BackendCrash(f"finish_many call {self.finish_calls} failed")
+            raise self.crashed
+        await super().finish_many(outcomes)
+
+
+# -- strategies: scripted jobs are data, not code --
+
+
+@dataclass(frozen=True)
+class Config:
+    """What an example may draw. Each property test narrows or weights it."""
+
+    queues: tuple[int, int] = (1, 2)
+    max_workers: tuple[int, int] = (1, 3)
+    timeouts: bool | None = None
+    """None: a queue may have a timeout; True: every queue has one; False: none has."""
+    max_attempts: tuple[int, int] = (1, 3)
+    outcomes: tuple[str, ...] = (OK, OK, RAISE, SNOOZE, DISCARD, HANG)
+    last_outcomes: tuple[str, ...] = (OK, OK, RAISE, DISCARD, HANG)
+    max_steps: int = 3
+    max_duration: int = 4
+    max_children: int = 2
+    max_child: int = 5
+    priorities: tuple[int, int] = (0, 2)
+    max_delay: int = 4
+    commands: tuple[int, int] = (3, 20)
+    max_advance: int = 4
+    weights: tuple[tuple[str, int], ...] = (("advance", 4), ("enqueue", 4), ("burst", 1), ("cancel", 1))
+    claim_yields: bool | None = None
+    max_waiters: tuple[int, int] = (1, 3)
+    graces: tuple[int, int] = (0, 3)
+    skip: bool = True
+    probe_submitters: bool = False
+    crash: bool = False
+    crash_at: tuple[int, int] = (1, 4)
+    jitter: float = 0.0
+
+    def but(self, **changes: Any) -> Config:
+        return replace(self, **changes)
+
+
+@functools.lru_cache(maxsize=None)
+def ints(lo: int, hi: int) -> st.SearchStrategy[int]:
+    return st.integers(lo, hi)
+
+
+@functools.lru_cache(maxsize=None)
+def choice(options: tuple[Any, ...]) -> st.SearchStrategy[Any]:
+    return st.sampled_from(options)
+
+
+@functools.lru_cache(maxsize=None)
+def queue_st(cfg: Config, i: int) -> st.SearchStrategy[QueueSpec]:
+    timeout: st.SearchStrategy[float | None] = st.integers(1, 4).map(lambda k: k + 0.5)
+    if cfg.timeouts is None:
+        timeout = st.none() | timeout
+    elif not cfg.timeouts:
+        timeout = st.none()
+    return st.builds(
+        QueueSpec,
+        name=st.just(f"q{i}"),
+        max_workers=st.integers(*cfg.max_workers),
+        timeout=timeout,
+        max_attempts=st.integers(*cfg.max_attempts),
+        retry_base=st.integers(1, 3),
+        retry_factor=st.integers(1, 2),
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def queues_st(cfg: Config) -> st.SearchStrategy[list[QueueSpec]]:
+    return st.lists(queue_st(cfg, 0), min_size=cfg.queues[0], max_size=cfg.queues[1]).map(
+        lambda qs: [replace(q, name=f"q{i}") for i, q in enumerate(qs)]
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def step_st(cfg: Config, last: bool) -> st.SearchStrategy[Step]:
+    return st.builds(
+        Step,
+        duration=st.integers(0, cfg.max_duration),
+        outcome=st.sampled_from(cfg.last_outcomes if last else cfg.outcomes),
+        snooze=st.integers(1, 3),
+        children=st.lists(st.integers(0, cfg.max_child), max_size=cfg.max_children).map(tuple),
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def steps_st(cfg: Config) -> st.SearchStrategy[tuple[Step, ...]]:
+    return st.tuples(st.lists(step_st(cfg, False), max_size=cfg.max_steps - 1), step_st(cfg, True)).map(
+        lambda t: (*t[0], t[1])
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def spec_st(cfg: Config, queues: tuple[str, ...]) -> st.SearchStrategy[JobSpec]:
+    return st.builds(
+        JobSpec,
+        queue=st.sampled_from(queues),
+        steps=steps_st(cfg),
+        delay=st.integers(0, cfg.max_delay) if cfg.max_delay else st.just(0),
+        priority=st.integers(*cfg.priorities),
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def burst_st(cfg: Config, queues: tuple[str, ...]) -> st.SearchStrategy[list[JobSpec]]:
+    """Jobs enqueued back to back without waiting in between: the fetcher's claims interleave
+    with the inserts (P06). One queue, one priority, due now -- so any interleaving starts the
+    same jobs and the model stays exact."""
+    return st.tuples(
+        st.sampled_from(queues),
+        st.integers(*cfg.priorities),
+        st.lists(steps_st(cfg), min_size=2, max_size=4),
+    ).map(lambda t: [JobSpec(t[0], steps, 0, t[1]) for steps in t[2]])
+
+
+SKIP_ST = st.none() | st.integers(0, 3).map(lambda k: k + 0.125)
+BOOLS = st.booleans()
+
+# -- the driver --
+
+
+@dataclass
+class WaitRecord:
+    n: int
+    job_id: int
+    queue: str
+    start: float
+    tick: int
+    """`Model.tick` when the wait began: orders it against commands at the same instant."""
+    timeout: float
+    end: float | None = None
+    receipt: nj.Receipt | None = None
+
+
+@dataclass
+class CancelRecord:
+    t: float
+    n: int
+    before: str
+    returned: nj.JobState
+    model_returned: str
+    history_len: int
+    """How much of `World.history` was written when the cancel returned."""
+    state_after: nj.JobState | None = None
+
+
+@dataclass
+class ShutdownRecord:
+    t0: float
+    grace: float
+    skip: float | None
+    model_exit: float
+    real_exit: float
+    runtime: Any
+    running_at_t0: set[int] = field(default_factory=set)
+
+
+Hook = Callable[["Example"], Awaitable[None]]
+
+
+class Example:
+    """One example: draws the scenario from `data`, runs it, checks ambient invariants.
+
+    Tests add `on_step` hooks (awaited at every quiescent point while a runtime is open),
+    `on_drained` hooks (awaited once everything ran, before the final shutdown) and
+    `on_shutdown` hooks (awaited right after each `open_runtime` block exits), then call `run()`
+    and check `world` / `model` afterwards.
+    """
+
+    def __init__(
+        self,
+        data: Any,
+        faults: Faults = NO_FAULTS,
+        cfg: Config = Config(),
+        *,
+        draw: Callable[[st.SearchStrategy[Any], str], Any] | None = None,
+    ) -> None:
+        self.faults = faults
+        self.cfg = cfg
+        self.draw = draw or (lambda strategy, label: data.draw(strategy, label=label))
+        self.queues: list[QueueSpec] = self.draw(queues_st(cfg), "queues")
+        self.audit = TaskAudit()
+        self.world = World(self.queues, self.audit, jitter=cfg.jitter, probe=cfg.probe_submitters)
+        self.model = Model(self.queues)
+        claim_yields = cfg.claim_yields if cfg.claim_yields is not None else self.draw(BOOLS, "claim_yields")
+        crash_at = self.draw(ints(*cfg.crash_at), "crash_at") if cfg.crash else None
+        # the same flags go to the backend: the few it reads (P10's) are backend-side bugs
+        self.backend = HarnessBackend(self.world, faults=faults, claim_yields=claim_yields, crash_at=crash_at)
+        self.max_waiters: int = self.draw(ints(*cfg.max_waiters), "max_waiters")
+        self.clock = trio.testing.MockClock(autojump_threshold=0)
+        self.rt: nj.Runtime | None = None
+        self.on_step: list[Hook] = []
+        self.on_drained: list[Hook] = []
+        self.on_shutdown: list[Callable[[Example, ShutdownRecord], Awaitable[None]]] = []
+        self.cancels: list[CancelRecord] = []
+        self.waits: list[WaitRecord] = []
+        self.shutdowns: list[ShutdownRecord] = []
+        self.submissions: list[tuple[float, int | None]] = []
+        self.crash: BaseException | None = None
+        self.jobs_at_end: dict[int, nj.Job] = {}
+        """Every accepted job as the backend holds it after the final shutdown, by number."""
+        self.probe_jobs_at_end: dict[int, nj.Job] = {}
+        self._probes: trio.Nursery | None = None
+
+    # -- running --
+
+    def run(self) -> None:
+        try:
+            trio.run(self._main, clock=self.clock, instruments=[self.audit])
+        except BaseExceptionGroup as group:
+            found = first_property_failure(group)
+            if found is not None:
+                raise found from None
+            raise
+        self.audit.raise_violations()
+
+    async def _main(self) -> None:
+        self.audit.mark_baseline()
+        async with trio.open_nursery() as probes:
+            self._probes = probes
+            probes.start_soon(self._drive, name="driver")
+        self.audit.check_exit()
+
+    async def _drive(self) -> None:
+        cfg = self.cfg
+        self.audit.owner = trio.lowlevel.current_task()
+        budget: int = self.draw(ints(*cfg.commands), "commands")
+        while True:
+            grace = self.draw(ints(*cfg.graces), "grace") + 0.25
+            runtime_settings = nj.RuntimeSettings(flush_bound=FLUSH_BOUND, max_waiters=self.max_waiters)
+            final = False
+            try:
+                async with nj.open_runtime(
+                    self.world.app, backend=self.backend, grace=grace, settings=runtime_settings, _faults=self.faults
+                ) as rt:
+                    self.rt = rt
+                    self.model.open()
+                    await self.settle()
+                    skip: float | None = None
+                    while budget > 0:
+                        budget -= 1
+                        cmd = self._draw_command()
+                        if cmd[0] == "shutdown":
+                            skip = cmd[1]
+                            break
+                        await self.apply(cmd)
+                    else:
+                        final = True
+                        await self.drain()
+                        for hook in self.on_drained:
+                            await hook(self)
+                    t0 = trio.current_time()
+                    running = set(self.world.running)
+                    model_exit = self.model.shutdown(grace, skip)
+                    assert self._probes is not None
+                    if skip is not None:
+                        self._probes.start_soon(self._skipper, rt, t0 + skip)
+                    if cfg.probe_submitters:
+                        self._probes.start_soon(self._submitter, rt, t0)
+                        await trio.lowlevel.checkpoint()  # the submitter races the shutdown
+            except BaseExceptionGroup as group:
+                crash, rest = group.split(BackendCrash)
+                if crash is None:
+                    raise
+                self.crash = group
+                self.rt = None
+                self.audit.check_runtime_exit()
+                if rest is not None:  # anything beside the planted crash is a failure of its own
+                    raise rest
+                return
+            self.audit.check_runtime_exit()
+            expect(rt.threads_in_flight == 0, "P02", f"{rt.threads_in_flight} offloaded thread calls outlived the runtime")
+            record = ShutdownRecord(t0, grace, skip, model_exit, trio.current_time(), rt, running)
+            self.shutdowns.append(record)
+            self.rt = None
+            for check in self.on_shutdown:
+                await check(self, record)
+            await self.settle()
+            if final:
+                self.jobs_at_end = {n: await self.backend.get_job(i) for n, i in self.world.id_of.items()}
+                self.probe_jobs_at_end = {i: await self.backend.get_job(i) for _t, i in self.submissions if i is not None}
+                return
+            # the next runtime starts on an integer time, like every command
+            await self.advance_to(math.ceil(max(trio.current_time(), self.model.now)))
+
+    async def _skipper(self, rt: nj.Runtime, at: float) -> None:
+        await trio.sleep_until(at)
+        rt.skip_grace()
+
+    async def _submitter(self, rt: nj.Runtime, t0: float) -> None:
+        for at in (t0, t0 + 0.125, t0 + 1.125):
+            await trio.sleep_until(at)
+            try:
+                job_id = await rt.enqueue("probe", {"n": -1})
+            except nj.RuntimeClosed:
+                self.submissions.append((at, None))
+            else:
+                self.submissions.append((at, job_id))
+
+    # -- commands --
+
+    def _draw_command(self) -> tuple[Any, ...]:
+        cfg, model = self.cfg, self.model
+        kinds = tuple(k for k, w in cfg.weights for _ in range(w) if model.jobs or k not in ("cancel", "wait"))
+        kind = self.draw(choice(kinds), "cmd")
+        names = tuple(q.name for q in self.queues)
+        if kind == "advance":
+            return ("advance", self.draw(ints(0, cfg.max_advance), "dt"))
+        if kind == "enqueue":
+            return ("enqueue", self.draw(spec_st(cfg, names), "job"))
+        if kind == "burst":
+            return ("burst", self.draw(burst_st(cfg, names), "burst"))
+        if kind == "cancel":
+            return ("cancel", self._draw_job("cancel"))
+        if kind == "wait":
+            return ("wait", self._draw_job("wait"), self.draw(ints(0, 4), "wait_timeout") + 0.75)
+        if kind == "shutdown":
+            skip = self.draw(SKIP_ST, "skip") if cfg.skip else None
+            return ("shutdown", skip)
+        raise AssertionError(kind)
+
+    def _draw_job(self, label: str) -> int:
+        """A job to cancel or wait for: first its state (final, running or pending, among those
+        that exist), then one job in it -- so every state is exercised, not only the common one."""
+        groups: dict[str, list[int]] = {}
+        for n, job in sorted(self.model.jobs.items()):
+            groups.setdefault("final" if job.final else job.state, []).append(n)
+        group = groups[self.draw(choice(tuple(sorted(groups))), label + "_state")]
+        chosen: int = group[self.draw(ints(0, len(group) - 1), label)]
+        return chosen
+
+    async def apply(self, cmd: tuple[Any, ...]) -> None:
+        rt, model, world = self.rt, self.model, self.world
+        assert rt is not None
+        op = cmd[0]
+        if op == "advance":
+            await self.advance_to(trio.current_time() + cmd[1])
+            return
+        if op in ("enqueue", "burst"):
+            specs = [cmd[1]] if op == "enqueue" else cmd[1]
+            added = []
+            for spec in specs:
+                n = world.add(spec)
+                kind = self.world.queues[spec.queue].kind
+                job_id = await rt.enqueue(kind, {"n": n}, delay=spec.delay, priority=spec.priority)
+                world.accept(job_id, n)
+                added.append((n, spec))
+            for n, spec in added:
+                model.enqueue(n, spec)
+        elif op == "cancel":
+            n = cmd[1]
+            before = model.jobs[n].state
+            returned = await rt.cancel(world.id_of[n])
+            cancel = CancelRecord(trio.current_time(), n, before, returned, model.cancel(n), len(world.history))
+            cancel.state_after = (await rt.get_job(world.id_of[n])).state
+            self.cancels.append(cancel)
+        elif op == "wait":
+            n, timeout = cmd[1], cmd[2]
+            spec = world.specs[n]
+            record = WaitRecord(n, world.id_of[n], spec.queue, trio.current_time(), model.tick, timeout)
+            self.waits.append(record)
+            assert self._probes is not None
+            self._probes.start_soon(self._waiter, rt, record)
+        else:
+            raise AssertionError(op)
+        await self.settle()
+
+    async def _waiter(self, rt: nj.Runtime, record: WaitRecord) -> None:
+        record.receipt = await rt.wait(record.job_id, timeout=record.timeout)
+        record.end = trio.current_time()
+
+    async def advance_to(self, t: float) -> None:
+        self.model.advance_to(t)
+        await trio.sleep_until(t)
+        await self.settle()
+
+    async def drain(self) -> None:
+        """Run until the model has nothing left to run; hung jobs are cancelled."""
+        model = self.model
+        for _ in range(1000):
+            if model.idle():
+                return
+            hung = [n for n, run in sorted(model.runs.items()) if run.end - model.now > DRAIN_HORIZON]
+            if hung:
+                await self.apply(("cancel", hung[0]))  # may start another job: look again
+                continue
+            e = model.next_time()
+            if e is None:
+                return
+            await self.advance_to(math.ceil(e))
+        raise AssertionError("the model did not drain")
+
+    # -- quiescence --
+
+    async def settle(self) -> None:
+        await trio.testing.wait_all_tasks_blocked()
+        self.audit.raise_violations()
+        root = trio.lowlevel.current_root_task()
+        assert root is not None
+        tree: set[int | None] = {context_job(t) for t in walk_tree(root)} - {None}
+        history = set(self.world.running)
+        attempts = set(self.rt.attempts) if self.rt is not None else set()
+        expect(
+            tree == history == attempts,
+            "P02",
+            f"at t={trio.current_time()} job tasks in the tree {sorted(tree)} != running attempts "  # type: ignore[type-var]
+            f"{sorted(history)} (history) / {sorted(attempts)} (runtime)",
+        )
+        if self.rt is not None:
+            for hook in self.on_step:
+                await hook(self)
+
+    def model_running_ids(self) -> set[int]:
+        return {self.world.id_of[n] for n in self.model.runs}
