@@ -302,7 +302,10 @@ class QueueExecutor:
             current_job_id.reset(token)
             if rt.attempts.get(job.id) is attempt:
                 del rt.attempts[job.id]
-        self._decide(job, kind, attempt, scope, error, timeout)
+        if error is None and not scope.cancel_called:
+            rt.completer.push(Outcome(job.id, job.attempt, OutcomeKind.COMPLETED))  # the common case
+        else:
+            self._decide(job, kind, attempt, scope, error, timeout)
 
     def open_children(self, job: ClaimedJob) -> Any:
         faults = self.rt.faults

@@ -107,7 +107,9 @@ class Runtime:
     # -- backend events --
 
     def _on_event(self, event: BackendEvent) -> None:
-        if isinstance(event, JobsAvailable):
+        if type(event) is JobFinalized:  # the most frequent event first
+            self.receipts.on_finalized(event.job_id)
+        elif isinstance(event, JobsAvailable):
             if event.queue is None:
                 for each in self.executors.values():
                     each.wake(None)

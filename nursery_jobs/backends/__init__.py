@@ -122,21 +122,18 @@ class QueueCounts:
     """Attempts given back because a shutdown cut them."""
 
 
-@attrs.frozen
-class JobsAvailable:
+class JobsAvailable(NamedTuple):
     queue: str | None
     """None: any queue may have work (e.g. after a lost connection to the wake-up source)."""
     due: float | None = None
     """None: due now. Otherwise the earliest `run_at` among the jobs this event is about."""
 
 
-@attrs.frozen
-class CancelRequested:
+class CancelRequested(NamedTuple):
     job_id: int
 
 
-@attrs.frozen
-class JobFinalized:
+class JobFinalized(NamedTuple):
     job_id: int
     state: JobState | None
     """None when the event came from another process and only says "final now"."""

@@ -178,25 +178,27 @@ class MemoryBackend:
         results: list[InsertResult] = []
         due_now: set[str] = set()
         due_later: dict[str, float] = {}
+        rows, queues, heappush = self._rows, self._queues, heapq.heappush
         for new in jobs:
             if new.unique_key is not None:
                 existing = self._unique.get(new.unique_key)
                 if existing is not None:
                     results.append(InsertResult(existing, True))
                     continue
-            row = _Row(self._next_id, new, now)
-            self._next_id += 1
-            self._rows[row.id] = row
-            q = self._q(row.queue)
+            job_id = self._next_id
+            self._next_id = job_id + 1
+            row = rows[job_id] = _Row(job_id, new, now)
+            q = queues.get(new.queue) or self._q(new.queue)
             q.counts[row.state] += 1
-            self._push(row, q)
             if new.unique_key is not None:
-                self._unique[new.unique_key] = row.id
+                self._unique[new.unique_key] = job_id
             if row.state is _A:
-                due_now.add(row.queue)
+                heappush(q.due, (-row.priority, row.run_at, job_id, 0))
+                due_now.add(new.queue)
             else:
-                due_later[row.queue] = min(row.run_at, due_later.get(row.queue, row.run_at))
-            results.append(InsertResult(row.id, False))
+                heappush(q.waiting, (row.run_at, job_id, 0))
+                due_later[new.queue] = min(row.run_at, due_later.get(new.queue, row.run_at))
+            results.append(InsertResult(job_id, False))
         for queue in sorted(due_now):
             self._emit(JobsAvailable(queue))
         for queue, due in sorted(due_later.items()):
@@ -244,6 +246,9 @@ class MemoryBackend:
                 continue  # stale: the job moved on without this worker
             q = self._q(row.queue)
             kind = out.kind
+            if kind is OutcomeKind.COMPLETED:  # the common case, with nothing else to record
+                events.append(self._finalize(row, q, JobState.COMPLETED, now))
+                continue
             if out.error is not None:
                 row.errors = (row.errors or []) + [out.error]
                 if kind is OutcomeKind.RETRY or kind is OutcomeKind.DISCARD:
