@@ -62,9 +62,17 @@ class Receipts:
                 return _receipt(job)
             queue = job.queue
             self._per_queue[queue] = self._per_queue.get(queue, 0) + 1
-            with trio.move_on_after(timeout):
-                await event.wait()
-            return _receipt(await backend.get_job(job_id))
+            deadline = trio.current_time() + timeout
+            # A backend that polls cannot push every finish from other processes: look again
+            # every poll interval while waiting (PostgreSQL pushes them, and is polled anyway in
+            # case a NOTIFY was lost while its listener reconnected).
+            poll = backend.poll_interval if backend.poll_interval is not None else math.inf
+            while True:
+                with trio.move_on_at(min(deadline, trio.current_time() + poll)):
+                    await event.wait()
+                job = await backend.get_job(job_id)
+                if job.state.final or event.is_set() or trio.current_time() >= deadline:
+                    return _receipt(job)
         finally:
             if queue is not None:
                 self._per_queue[queue] -= 1

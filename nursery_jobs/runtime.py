@@ -161,6 +161,7 @@ class Runtime:
                         result = await backend.heartbeat(running)
                     except Exception:
                         log.exception("heartbeat of %d running jobs failed", len(running))
+                        now = trio.current_time()  # after the failed call, however long it took
                         if now - last_ok >= s.rescue_after / 2:
                             log.error("no heartbeat for %g s: cancelling this process's running jobs", now - last_ok)
                             for attempt in list(self.attempts.values()):
@@ -329,7 +330,13 @@ class Runtime:
         from .infra.threads import run_sync_io
 
         if hasattr(conn, "__aenter__"):  # psycopg.AsyncConnection
-            from .infra.aio import call_asyncio
+            from .infra.aio import call_asyncio, loop_running
+
+            if not loop_running():
+                raise ConfigError(
+                    "enqueue_tx with an async psycopg connection needs a trio-asyncio loop: open one "
+                    "with `async with trio_asyncio.open_loop():` around your code, or pass a sync Connection"
+                )
 
             async def execute() -> Any:
                 cur = await conn.execute(query, params)

@@ -357,7 +357,7 @@ def test_the_import_order_facts_the_page_states() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=RUN_TIMEOUT)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("RuntimeWarning: psycopg was imported before trio_asyncio ")
+    assert result.stdout.startswith("RuntimeWarning: psycopg was imported before trio_asyncio")
     page = " ".join((DOCS / "backends.md").read_text().split())
     assert "`RuntimeWarning: psycopg was imported before trio_asyncio ...`" in page
 

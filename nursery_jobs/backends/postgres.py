@@ -217,8 +217,15 @@ class PostgresBackend:
         while True:
             try:
                 return await self.pool.run(fn)
-            except psycopg.errors.QueryCanceled:
-                raise
+            except psycopg.errors.QueryCanceled as exc:
+                raise BackendUnavailable(
+                    f"PostgreSQL statement exceeded the statement timeout ({_one_line(exc)})"
+                ) from exc
+            except trio.TooSlowError as exc:
+                raise BackendUnavailable(
+                    f"no PostgreSQL connection free in the pool of {self.pool.size} within its wait bound; "
+                    "raise pool_size or lower the number of concurrent callers"
+                ) from exc
             except psycopg.OperationalError as exc:
                 if not retry or trio.current_time() + delay > deadline:
                     raise BackendUnavailable(
@@ -264,6 +271,9 @@ class PostgresBackend:
         pool = PgPool(self.conninfo, size=self.pool_size or 10)
         try:
             version = await pool.run(lambda c: schema_version(c, self.schema))
+        except psycopg.ProgrammingError as exc:
+            await pool.close()
+            raise ConfigError(f"bad PostgreSQL URL: {_one_line(exc)}") from None
         except psycopg.OperationalError as exc:
             await pool.close()
             raise BackendUnavailable(
@@ -457,7 +467,9 @@ class PostgresBackend:
         now = self.now()
         q = self._q["heartbeat"]
         params = (now, [r[0] for r in running], [r[1] for r in running])
-        rows = await self._run(lambda c: c.execute(q, params).fetchall())
+        # No retry: a heartbeat that cannot get through must fail now, so the runtime can cancel
+        # its attempts before another process rescues them (retries would eat that margin).
+        rows = await self._run(lambda c: c.execute(q, params).fetchall(), retry=False)
         alive = {r[0]: r[1] for r in rows}
         return HeartbeatResult(
             [(job_id, attempt) for job_id, attempt in running if job_id not in alive],

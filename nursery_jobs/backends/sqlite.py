@@ -157,10 +157,24 @@ class SqliteBackend:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=self._busy_timeout)
         except sqlite3.Error as exc:
             raise ConfigError(f"cannot open SQLite database {self.path!r}: {exc}") from None
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={self._synchronous}")
-        conn.executescript(_SCHEMA)
-        conn.execute("INSERT OR IGNORE INTO nj_meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        # Several processes may open a new file at the same moment: switching it to WAL and
+        # creating the schema can then meet "database is locked" without SQLite's busy handler
+        # being consulted, so retry (bounded by busy_timeout). Runs on a worker thread.
+        deadline = time.monotonic() + self._busy_timeout
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute(f"PRAGMA synchronous={self._synchronous}")
+                conn.executescript(_SCHEMA)
+                conn.execute(
+                    "INSERT OR IGNORE INTO nj_meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                )
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    conn.close()
+                    raise ConfigError(f"cannot prepare SQLite database {self.path!r}: {exc}") from None
+                time.sleep(0.02)
         (version,) = conn.execute("SELECT value FROM nj_meta WHERE key = 'schema_version'").fetchone()
         if int(version) != SCHEMA_VERSION:
             conn.close()

@@ -24,16 +24,21 @@ _psycopg_first = "psycopg" in sys.modules and "trio_asyncio" not in sys.modules
 
 import trio_asyncio  # noqa: E402  (after the check above, on purpose)
 
-__all__ = ["call_asyncio", "check_import_order", "maybe_open_loop"]
+__all__ = ["call_asyncio", "check_import_order", "loop_running", "maybe_open_loop"]
+
+
+def loop_running() -> bool:
+    """Whether a trio-asyncio loop is open in this context."""
+    return trio_asyncio.current_loop.get(None) is not None
 
 
 def check_import_order() -> None:
     """Warn if psycopg was imported before trio_asyncio in this process."""
     if _psycopg_first:
         warnings.warn(
-            "psycopg was imported before trio_asyncio (nursery_jobs imports it for you): async psycopg "
-            "calls under trio-asyncio will fail with 'no running event loop'; import nursery_jobs or "
-            "trio_asyncio before psycopg",
+            "psycopg was imported before trio_asyncio: async psycopg calls under trio-asyncio will fail "
+            "with 'no running event loop'; import trio_asyncio (or nursery_jobs.backends.postgres) "
+            "before anything that imports psycopg",
             RuntimeWarning,
             stacklevel=2,
         )
