@@ -169,8 +169,12 @@ class QueueExecutor:
                         wait_until = trio.current_time() + (self._next_due - now)
                     if poll is not None:
                         poll_at = trio.current_time() + poll
-                with trio.move_on_at(min(wait_until, poll_at)):
-                    await self._kick.wait()
+                until = min(wait_until, poll_at)
+                if until == math.inf:
+                    await self._kick.wait()  # no deadline: spare a cancel scope per batch
+                else:
+                    with trio.move_on_at(until):
+                        await self._kick.wait()
                 if trio.current_time() >= poll_at:
                     self._wake = True  # no wake-up came in time: look anyway
                 continue
@@ -183,9 +187,12 @@ class QueueExecutor:
             # A claim commits before it answers: if it were cancelled mid-way, the jobs it
             # took would stay running with nobody to run them. So it runs shielded (bounded),
             # and whatever it returns is either handed to a worker or given back.
-            with trio.CancelScope(shield=True) as claim_scope:
-                claim_scope.deadline = trio.current_time() + self.rt.settings.flush_bound
-                result = await backend.claim(self.name, limit)
+            if backend.atomic:
+                result = await backend.claim(self.name, limit)  # never yields: cannot be cut
+            else:
+                with trio.CancelScope(shield=True) as claim_scope:
+                    claim_scope.deadline = trio.current_time() + self.rt.settings.flush_bound
+                    result = await backend.claim(self.name, limit)
             if faults.drop_wakeup_during_fetch:
                 self._wake = False
             if result.next_due is not None and result.next_due < self._next_due:

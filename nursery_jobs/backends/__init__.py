@@ -151,6 +151,9 @@ class Backend(Protocol):
     url: str
     poll_interval: float | None
     """Fallback fetch period when the backend cannot push every wake-up (None: it can)."""
+    atomic: bool
+    """True if no call ever yields to other tasks (memory): a call cannot be cut in half by a
+    cancellation, so callers need not shield it."""
 
     def now(self) -> float: ...
 

@@ -93,6 +93,7 @@ class MemoryBackend:
 
     url = "memory://"
     poll_interval: float | None = None  # every wake-up is pushed: nothing to poll for
+    atomic = True  # no method ever yields
 
     def __init__(self, *, max_final_jobs: int = 100_000, faults: Faults = NO_FAULTS) -> None:
         """`max_final_jobs`: final jobs kept at most (oldest dropped first), besides the
@@ -217,12 +218,17 @@ class MemoryBackend:
                 self._move(row, q, _A)
                 heapq.heappush(due, (-row.priority, row.run_at, row.id, row.version))
         claimed: list[ClaimedJob] = []
+        counts, running = q.counts, self._running
         while due and len(claimed) < limit:
             _, _, job_id, version = heapq.heappop(due)
             row = rows[job_id]
             if row.version != version:
                 continue
-            self._move(row, q, _R)
+            counts[_A] -= 1  # _move, inlined: this loop runs once per job
+            counts[_R] += 1
+            row.state = _R
+            row.version = version + 1
+            running.add(job_id)
             row.attempt += 1
             row.attempted_at = row.heartbeat_at = now
             claimed.append(

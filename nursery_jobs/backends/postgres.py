@@ -161,6 +161,8 @@ def migrate(conninfo: str, schema: str = "nursery_jobs") -> list[str]:
 class PostgresBackend:
     """Jobs in PostgreSQL, shared by every process and host that uses the same schema."""
 
+    atomic = False
+
     def __init__(
         self,
         conninfo: str,
