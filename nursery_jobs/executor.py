@@ -271,16 +271,7 @@ class QueueExecutor:
         deadline = trio.current_time() + timeout if timeout is not None else math.inf
         scope = trio.CancelScope(deadline=deadline)
         attempt = Attempt(job, scope, self)
-        ctx = JobContext(
-            id=job.id,
-            kind=job.kind,
-            queue=job.queue,
-            attempt=job.attempt,
-            max_attempts=job.max_attempts,
-            args=args,
-            deadline=deadline,
-            attempt_handle=attempt,
-        )
+        ctx = JobContext(args, deadline, attempt)
         stale = rt.attempts.get(job.id)
         if stale is not None:
             # The backend gave this job out again, so the older attempt lost it (rescued while

@@ -134,7 +134,7 @@ class Receipt:
     error: str | None = None
 
 
-@attrs.define  # not frozen: a frozen attrs class costs 3x to build on the per-attempt path
+@attrs.define(repr=False)  # not frozen: a frozen attrs class costs 3x to build on the per-attempt path
 class JobContext:
     """What a handler knows about the attempt it is running.
 
@@ -143,14 +143,42 @@ class JobContext:
     children belong to this attempt and are cancelled with it.
     """
 
-    id: int
-    kind: str
-    queue: str
-    attempt: int
-    max_attempts: int
     args: dict[str, Any]
     deadline: float
     _attempt: Any = attrs.field(repr=False, alias="attempt_handle")
+
+    # The job's identity is read through the attempt rather than copied into five fields: the
+    # context is built once per attempt, on the runtime's hottest path.
+    @property
+    def id(self) -> int:
+        job_id: int = self._attempt.job.id
+        return job_id
+
+    @property
+    def kind(self) -> str:
+        kind: str = self._attempt.job.kind
+        return kind
+
+    @property
+    def queue(self) -> str:
+        queue: str = self._attempt.job.queue
+        return queue
+
+    @property
+    def attempt(self) -> int:
+        number: int = self._attempt.job.attempt
+        return number
+
+    @property
+    def max_attempts(self) -> int:
+        most: int = self._attempt.job.max_attempts
+        return most
+
+    def __repr__(self) -> str:
+        return (
+            f"JobContext(id={self.id!r}, kind={self.kind!r}, queue={self.queue!r}, attempt={self.attempt!r}, "
+            f"max_attempts={self.max_attempts!r}, args={self.args!r}, deadline={self.deadline!r})"
+        )
 
     def children(self) -> Any:
         """An async context manager owning this attempt's child tasks.

@@ -44,7 +44,7 @@ from .errors import ArgsError, ConfigError, RuntimeClosed
 from .executor import Attempt, QueueExecutor
 from .infra.owner import TaskOwner, open_owner
 from .infra.runner import run_trio, watch_shutdown_signals
-from .jobs import Job, JobId, JobState, Receipt, encode_args
+from .jobs import Job, JobId, JobState, Receipt, _ExistingJobId, encode_args
 
 __all__ = ["QueueStats", "Runtime", "open_runtime", "run"]
 
@@ -276,7 +276,7 @@ class Runtime:
             await trio.lowlevel.checkpoint()
         else:
             await trio.lowlevel.cancel_shielded_checkpoint()
-        return [JobId.of(r.id, r.existing) for r in results]
+        return [_ExistingJobId(i) if existing else JobId(i) for i, existing in results]
 
     async def enqueue(
         self,

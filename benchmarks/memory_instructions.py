@@ -1,0 +1,90 @@
+"""Instructions per no-op job: the runtime against the plain-Trio baseline, counted, not timed.
+
+On a shared 2-core machine a baseline round's wall time varied 4x within one run, and even CPU
+time moves by tens of percent. `valgrind --tool=callgrind` counts the instructions the process
+executes, which does not depend on what else the machine is doing: the same program gives the
+same count. This script runs each side under callgrind twice, with N and 3N jobs, and divides the
+difference by 2N, so start-up and interpreter costs cancel out. The ratio baseline / runtime is
+the throughput ratio an idle machine would show if every instruction cost the same (cache
+effects aside), and is the figure to watch when changing the per-job path.
+
+Usage:
+
+    .venv/bin/python benchmarks/memory_instructions.py [--jobs 1000]
+
+Needs valgrind (Debian's package; present on this machine kind). Not run by the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+
+import trio
+
+import nursery_jobs as nj
+
+try:
+    from .baselines.plain_trio import run_baseline
+except ImportError:  # run as a script
+    from baselines.plain_trio import run_baseline  # type: ignore[no-redef]
+
+
+def _runtime(n: int, workers: int) -> None:
+    app = nj.App()
+    app.queue("bench", max_workers=workers, timeout=30)
+
+    @app.job(queue="bench")
+    async def noop(ctx: nj.JobContext) -> None:
+        return None
+
+    async def main(rt: nj.Runtime) -> None:
+        ids = await noop.enqueue_many({} for _ in range(n))
+        await rt.wait(ids[-1], timeout=600)
+
+    nj.run(main, app=app)
+    assert trio  # the baseline side is plain Trio (baselines/plain_trio.py)
+
+
+def _count(side: str, n: int, workers: int) -> int:
+    out = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
+         "--side", side, "--jobs", str(n), "--workers", str(workers)],
+        capture_output=True, text=True, timeout=1800, check=True,
+    ).stderr  # fmt: skip
+    match = re.search(r"Collected : (\d+)", out)
+    if match is None:
+        raise RuntimeError(f"no instruction count in valgrind's output:\n{out[-2000:]}")
+    return int(match.group(1))
+
+
+def per_job(side: str, n: int, workers: int) -> float:
+    return (_count(side, 3 * n, workers) - _count(side, n, workers)) / (2 * n)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--side", choices=["baseline", "runtime"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.side == "baseline":
+        run_baseline(args.jobs, args.workers)
+        return 0
+    if args.side == "runtime":
+        _runtime(args.jobs, args.workers)
+        return 0
+    if shutil.which("valgrind") is None:
+        print("valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
+        return 2
+    base = per_job("baseline", args.jobs, args.workers)
+    rt = per_job("runtime", args.jobs, args.workers)
+    print(f"instructions per job: baseline {base:,.0f}, runtime {rt:,.0f}; ratio {base / rt:.3f} (target >= 0.5)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
