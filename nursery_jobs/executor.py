@@ -70,6 +70,8 @@ def _error_message(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+_tuple_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
+_COMPLETED = OutcomeKind.COMPLETED
 _CANCEL_TAKES_REASON = "reason" in inspect.signature(trio.CancelScope.cancel).parameters
 _REASON_TEXT = {
     "shutdown": "nursery_jobs: the runtime is shutting down and the grace period is over",
@@ -222,8 +224,13 @@ class QueueExecutor:
         await self._fetcher_exited.wait()
 
     async def _worker(self) -> None:
+        """Take a job, run one attempt of it, repeat. The attempt's code is inline here rather
+        than in its own coroutine: this loop runs once per job and a coroutine call per job is
+        a measurable share of a no-op job's cost."""
+        rt = self.rt
+        attempts = rt.attempts
+        box: Mailbox[ClaimedJob] = Mailbox()
         try:
-            box: Mailbox[ClaimedJob] = Mailbox()
             while self._claiming:
                 self._idle.append(box)
                 self._kick.set()
@@ -238,72 +245,71 @@ class QueueExecutor:
                 if job is None:
                     return
                 self.started += 1
-                await self._execute(job)
+                if self._cancel_reason is not None:
+                    # Handed to this worker before shutdown cancelled the running attempts, but
+                    # not started yet: it never starts, and the attempt is given back.
+                    self._finish(job, OutcomeKind.INTERRUPTED)
+                    continue
+                cached = self._kinds.get(job.kind) or self._lookup_kind(job)
+                if cached is None:
+                    continue
+                kind, timeout = cached
+                try:
+                    args = decode_args(job.args_json)
+                except ValueError as exc:
+                    self._finish(job, OutcomeKind.DISCARD, error=f"job args could not be decoded: {exc}")
+                    continue
+                deadline = trio.current_time() + timeout if timeout is not None else math.inf
+                scope = trio.CancelScope(deadline=deadline)
+                attempt = Attempt(job, scope, self)
+                ctx = JobContext(args, deadline, attempt)
+                stale = attempts.get(job.id)
+                if stale is not None:
+                    # The backend gave this job out again, so the older attempt lost it (rescued
+                    # while it still ran here): it must stop now, not run beside the new one.
+                    stale.cancel("lost")
+                attempts[job.id] = attempt
+                token = current_job_id.set(job.id)
+                error: BaseException | None = None
+                try:
+                    with scope:
+                        try:
+                            if kind.asyncio:
+                                from .infra.aio import call_asyncio
+
+                                await call_asyncio(kind.fn, ctx, **args)
+                            else:
+                                await kind.fn(ctx, **args)
+                        except Exception as exc:
+                            error = exc
+                except trio.Cancelled:
+                    # Not our scope: the whole runtime is being torn down from outside. The
+                    # attempt is given back, as in a shutdown, and the cancellation goes on.
+                    self._finish(job, OutcomeKind.INTERRUPTED)
+                    raise
+                finally:
+                    current_job_id.reset(token)
+                    if attempts.get(job.id) is attempt:
+                        del attempts[job.id]
+                if error is None and not scope.cancel_called:
+                    rt.completer.push(_tuple_new(Outcome, (job.id, job.attempt, _COMPLETED, None, None)))  # the common case
+                else:
+                    self._decide(job, kind, attempt, scope, error, timeout)
         finally:
             self._workers_alive -= 1
             if self._workers_alive == 0:
                 self._all_exited.set()
 
-    # -- one attempt --
-
-    async def _execute(self, job: ClaimedJob) -> None:
-        rt = self.rt
-        if self._cancel_reason is not None:
-            # Handed to this worker before shutdown cancelled the running attempts, but not
-            # started yet: it never starts, and the attempt is given back.
-            self._finish(job, OutcomeKind.INTERRUPTED)
-            return
-        cached = self._kinds.get(job.kind)
-        if cached is None:
-            found = rt.app._kinds.get(job.kind)
-            if found is None:
-                self._finish(
-                    job, OutcomeKind.DISCARD, error=f"unknown job kind {job.kind!r}: no @app.job registers it in this process"
-                )
-                return
-            cached = self._kinds[job.kind] = (found, rt.app.timeout_for(found))
-        kind, timeout = cached
-        try:
-            args = decode_args(job.args_json)
-        except ValueError as exc:
-            self._finish(job, OutcomeKind.DISCARD, error=f"job args could not be decoded: {exc}")
-            return
-        deadline = trio.current_time() + timeout if timeout is not None else math.inf
-        scope = trio.CancelScope(deadline=deadline)
-        attempt = Attempt(job, scope, self)
-        ctx = JobContext(args, deadline, attempt)
-        stale = rt.attempts.get(job.id)
-        if stale is not None:
-            # The backend gave this job out again, so the older attempt lost it (rescued while
-            # it still ran here): it must stop now, not run beside the new one.
-            stale.cancel("lost")
-        rt.attempts[job.id] = attempt
-        token = current_job_id.set(job.id)
-        error: BaseException | None = None
-        try:
-            with scope:
-                try:
-                    if kind.asyncio:
-                        from .infra.aio import call_asyncio
-
-                        await call_asyncio(kind.fn, ctx, **args)
-                    else:
-                        await kind.fn(ctx, **args)
-                except Exception as exc:
-                    error = exc
-        except trio.Cancelled:
-            # Not our scope: the whole runtime is being torn down from outside. The attempt is
-            # given back, as in a shutdown, and the cancellation goes on.
-            self._finish(job, OutcomeKind.INTERRUPTED)
-            raise
-        finally:
-            current_job_id.reset(token)
-            if rt.attempts.get(job.id) is attempt:
-                del rt.attempts[job.id]
-        if error is None and not scope.cancel_called:
-            rt.completer.push(Outcome(job.id, job.attempt, OutcomeKind.COMPLETED))  # the common case
-        else:
-            self._decide(job, kind, attempt, scope, error, timeout)
+    def _lookup_kind(self, job: ClaimedJob) -> tuple[Any, float | None] | None:
+        """The kind and timeout of `job`, cached; None (and the job discarded) if unknown."""
+        found = self.rt.app._kinds.get(job.kind)
+        if found is None:
+            self._finish(
+                job, OutcomeKind.DISCARD, error=f"unknown job kind {job.kind!r}: no @app.job registers it in this process"
+            )
+            return None
+        cached = self._kinds[job.kind] = (found, self.rt.app.timeout_for(found))
+        return cached
 
     def open_children(self, job: ClaimedJob) -> Any:
         faults = self.rt.faults

@@ -366,7 +366,8 @@ class Runtime:
         job_kind = self.app.kind(kind)
         when, prio, _ = self._options(job_kind, delay, run_at, priority, None)
         name, queue, attempts, to_json = job_kind.name, job_kind.queue, job_kind.max_attempts, self._args_json
-        jobs = [NewJob(name, queue, to_json(job_kind, args), prio, when, attempts, None) for args in many]
+        new = tuple.__new__  # a NamedTuple without its Python-level __new__: once per job
+        jobs = [new(NewJob, (name, queue, to_json(job_kind, args), prio, when, attempts, None)) for args in many]
         if not jobs:
             await trio.lowlevel.checkpoint()
             return []

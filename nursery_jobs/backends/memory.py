@@ -43,6 +43,7 @@ from . import (
     QueueCounts,
 )
 
+_tuple_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 _A, _S, _R, _RT = JobState.AVAILABLE, JobState.SCHEDULED, JobState.RUNNING, JobState.RETRYABLE
 _COUNTED = (_A, _S, _R, _RT, JobState.COMPLETED, JobState.DISCARDED, JobState.CANCELLED)
 
@@ -127,6 +128,12 @@ class MemoryBackend:
         for listener in tuple(self._listeners):
             listener(event)
 
+    def _emit_all(self, events: list[BackendEvent]) -> None:
+        listeners = tuple(self._listeners)  # once per batch: a listener may remove itself
+        for event in events:
+            for listener in listeners:
+                listener(event)
+
     async def open(self) -> None:
         return None
 
@@ -172,7 +179,7 @@ class MemoryBackend:
         if row.unique_key is not None and self._unique.get(row.unique_key) == row.id:
             del self._unique[row.unique_key]
         errors = row.errors
-        return JobFinalized(row.id, state, errors[-1].message if errors else None)
+        return _tuple_new(JobFinalized, (row.id, state, errors[-1].message if errors else None))
 
     async def insert_many(self, jobs: Sequence[NewJob]) -> list[InsertResult]:
         now = self.now()
@@ -232,7 +239,7 @@ class MemoryBackend:
             row.attempt += 1
             row.attempted_at = row.heartbeat_at = now
             claimed.append(
-                ClaimedJob(row.id, row.kind, row.queue, row.args_json, row.attempt, row.max_attempts, row.priority)
+                _tuple_new(ClaimedJob, (job_id, row.kind, row.queue, row.args_json, row.attempt, row.max_attempts, row.priority))
             )
         next_due = None
         while waiting:
@@ -287,8 +294,7 @@ class MemoryBackend:
                     self._move(row, q, _RT if kind is OutcomeKind.RETRY else _S)
                     events.append(JobsAvailable(row.queue, run_at))
                 self._push(row, q)
-        for event in events:
-            self._emit(event)
+        self._emit_all(events)
 
     async def cancel(self, job_id: int) -> JobState:
         row = self._row(job_id)
