@@ -19,6 +19,7 @@ import trio
 
 from ._faults import Faults
 from .backends import Backend, Outcome
+from .infra.sync import Wakeup
 
 __all__ = ["Completer"]
 
@@ -28,7 +29,7 @@ class Completer:
         self._backend = backend
         self._faults = faults
         self._pending: list[Outcome] = []
-        self._event = trio.Event()
+        self._event = Wakeup()
         self._stopping = False
         self.finished = trio.Event()
         self.written = 0
@@ -58,7 +59,6 @@ class Completer:
                 if not self._pending:
                     if self._stopping:
                         return
-                    self._event = trio.Event()
                     await self._event.wait()
                     continue
                 batch, self._pending = self._pending, []

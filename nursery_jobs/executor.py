@@ -42,7 +42,7 @@ from ._context import current_job_id
 from .backends import ClaimedJob, Outcome, OutcomeKind
 from .config import QueueConfig
 from .infra.owner import TaskOwner, open_children
-from .infra.sync import Mailbox
+from .infra.sync import Mailbox, Wakeup
 from .jobs import Discard, JobContext, JobError, Snooze, decode_args
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ class QueueExecutor:
         self.name = cfg.name
         self.max_workers = cfg.max_workers
         self._idle: list[Mailbox[ClaimedJob]] = []
-        self._kick = trio.Event()
+        self._kick = Wakeup()
         self._wake = True  # claim once at start-up: jobs may be waiting from before
         self._next_due = math.inf
         self._claiming = True
@@ -164,7 +164,6 @@ class QueueExecutor:
         while self._claiming:
             now = backend.now()
             if not self._idle or not (self._wake or now >= self._next_due):
-                self._kick = trio.Event()
                 wait_until = poll_at = math.inf
                 if self._idle:
                     if self._next_due < math.inf:
