@@ -310,7 +310,12 @@ class PostgresBackend:
             task_status=task_status,
         )
 
-    def _on_notify(self, channel: str, payload: str) -> None:
+    def _on_notify(self, channel: str, payload: str, sender_pid: int) -> None:
+        pool = self._pool
+        if pool is not None and sender_pid in pool.backend_pids:
+            # Our own NOTIFY: its event was already delivered in-process when the call returned.
+            # Acting on the echo would only claim again (twice per enqueue, measured).
+            return
         if channel == self._jobs_channel:
             self._emit([JobsAvailable(payload)])
             return

@@ -74,8 +74,23 @@ class PgPool:
         self._idle: list[psycopg.Connection[Any]] = []
         self._closed = False
         self.checked_out = 0
+        self._pids: dict[psycopg.Connection[Any], int] = {}
 
     def _connect(self) -> psycopg.Connection[Any]:
+        conn = self._connect_raw()
+        self._pids[conn] = conn.info.backend_pid
+        return conn
+
+    @property
+    def backend_pids(self) -> set[int]:
+        """Server pids of this pool's open connections: the listener drops their NOTIFY echoes."""
+        return set(self._pids.values())
+
+    def _drop(self, conn: psycopg.Connection[Any]) -> None:
+        self._pids.pop(conn, None)
+        conn.close()
+
+    def _connect_raw(self) -> psycopg.Connection[Any]:
         conn = psycopg.connect(
             self.conninfo,
             autocommit=True,
@@ -100,7 +115,7 @@ class PgPool:
                 if _looks_alive(candidate):
                     conn = candidate
                     break
-                candidate.close()  # the server ended it while idle (restart, pg_terminate_backend)
+                self._drop(candidate)  # the server ended it while idle (restart, pg_terminate_backend)
             if conn is None:
                 conn = await self._open()
             self.checked_out += 1
@@ -109,12 +124,14 @@ class PgPool:
             finally:
                 self.checked_out -= 1
                 if conn.broken or conn.closed or self._closed:
-                    conn.close()
+                    self._drop(conn)
                 else:
                     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                         with trio.CancelScope(shield=True):
                             await trio.to_thread.run_sync(_rollback_or_close, conn, abandon_on_cancel=False)
-                    if not conn.closed:
+                    if conn.closed:
+                        self._drop(conn)
+                    else:
                         self._idle.append(conn)
         finally:
             self._limiter.release()
@@ -128,7 +145,7 @@ class PgPool:
         self._closed = True
         idle, self._idle = self._idle, []
         for conn in idle:
-            conn.close()
+            self._drop(conn)
 
 
 def _looks_alive(conn: psycopg.Connection[Any]) -> bool:
@@ -188,13 +205,13 @@ def _cancel_quietly(conn: psycopg.Connection[Any]) -> None:
 async def listen(
     conninfo: str,
     channels: Sequence[str],
-    on_notify: Callable[[str, str], None],
+    on_notify: Callable[[str, str, int], None],
     on_reconnect: Callable[[], None],
     *,
     max_backoff: float = 5.0,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """LISTEN on `channels` until cancelled, calling ``on_notify(channel, payload)`` per
+    """LISTEN on `channels` until cancelled, calling ``on_notify(channel, payload, sender_pid)`` per
     notification. Reports started once the first LISTEN is in place (or the first attempt
     failed: start-up must not hang on an unreachable server; polling covers the gap)."""
     backoff = 0.1
@@ -230,7 +247,7 @@ def _listen_connect(conninfo: str, channels: Sequence[str]) -> psycopg.Connectio
     return conn
 
 
-async def _pump(conn: psycopg.Connection[Any], on_notify: Callable[[str, str], None]) -> None:
+async def _pump(conn: psycopg.Connection[Any], on_notify: Callable[[str, str, int], None]) -> None:
     pgconn = conn.pgconn
     while True:
         await trio.lowlevel.wait_readable(conn.fileno())
@@ -238,4 +255,4 @@ async def _pump(conn: psycopg.Connection[Any], on_notify: Callable[[str, str], N
         if pgconn.status != psycopg.pq.ConnStatus.OK:
             raise psycopg.OperationalError("LISTEN connection closed by the server")
         while (n := pgconn.notifies()) is not None:
-            on_notify(n.relname.decode(), n.extra.decode())
+            on_notify(n.relname.decode(), n.extra.decode(), n.be_pid)

@@ -250,3 +250,32 @@ async def test_asyncio_handler_runs_through_the_bridge_with_timeout_and_async_ps
         receipt = await rt.wait(await aio_slow.enqueue(), timeout=10)
     assert receipt.error == "timed out after 0.2 s"
     assert results == [42, "asyncio task cancelled"]
+
+
+async def test_a_process_ignores_the_echo_of_its_own_notifications(pg_url):
+    # Its own inserts already woke its fetchers in-process; acting on the NOTIFY echo as well
+    # made every enqueue cost two claims (measured by the PostgreSQL benchmark).
+    claims = []
+
+    class CountingBackend(PostgresBackend):
+        async def claim(self, queue, limit):
+            result = await super().claim(queue, limit)
+            claims.append(len(result.jobs))
+            return result
+
+    app = nj.App()
+    app.queue("q", max_workers=4, timeout=10, poll_interval=60)
+
+    @app.job(queue="q")
+    async def work(ctx: nj.JobContext) -> None:
+        pass
+
+    backend = CountingBackend(pg_url, schema=pgutil.new_schema(pg_url), poll_interval=60)
+    async with nj.open_runtime(app, backend=backend) as rt:
+        await trio.sleep(0.3)
+        claims.clear()
+        for _ in range(20):
+            assert (await rt.wait(await work.enqueue(), timeout=10)).done
+            await trio.sleep(0.02)  # let any echo arrive before the next enqueue
+    assert sum(claims) == 20
+    assert len(claims) <= 22, claims  # one claim per enqueue (a couple of strays at most)
