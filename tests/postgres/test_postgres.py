@@ -279,3 +279,45 @@ async def test_a_process_ignores_the_echo_of_its_own_notifications(pg_url):
             await trio.sleep(0.02)  # let any echo arrive before the next enqueue
     assert sum(claims) == 20
     assert len(claims) <= 22, claims  # one claim per enqueue (a couple of strays at most)
+
+
+async def test_survives_a_server_restart(pg_url):
+    """Restart the PostgreSQL server under a running runtime: the pool drops its dead
+    connections, the listener reconnects, and every job still completes. Runs last in this file
+    (pytest keeps file order), so nothing else holds a connection while the server restarts."""
+    import pathlib
+    import shutil
+
+    versions = sorted(p.name for p in pathlib.Path("/etc/postgresql").glob("*")) if pathlib.Path("/etc/postgresql").exists() else []
+    if shutil.which("pg_ctlcluster") is None or not versions:
+        pgutil.unreachable("pg_ctlcluster is not available to restart the server")
+    app = nj.App()
+    app.queue("q", max_workers=4, timeout=30, poll_interval=60)  # only LISTEN can wake it quickly
+
+    @app.job(queue="q")
+    async def work(ctx: nj.JobContext, n: int) -> None:
+        await trio.sleep(0.01)
+
+    def restart() -> None:
+        subprocess.run(
+            ["pg_ctlcluster", "--skip-systemctl-redirect", versions[-1], "main", "restart"],
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+
+    backend = _backend(pg_url, poll_interval=60)
+    async with nj.open_runtime(app, backend=backend) as rt:
+        first = await work.enqueue_many([{"n": n} for n in range(10)])
+        for job_id in first:
+            assert (await rt.wait(job_id, timeout=10)).done
+        await trio.to_thread.run_sync(restart)
+        with trio.fail_after(60):
+            while True:  # the first write after a restart may meet a connection the server ended
+                try:
+                    second = await work.enqueue_many([{"n": n} for n in range(10)])
+                    break
+                except nj.BackendUnavailable:
+                    await trio.sleep(0.5)
+        t0 = time.perf_counter()
+        for job_id in second:
+            assert (await rt.wait(job_id, timeout=30)).state is nj.JobState.COMPLETED
+        assert time.perf_counter() - t0 < 30  # well under the 60 s poll: LISTEN came back
