@@ -415,24 +415,20 @@ class PostgresBackend:
                 for o in outcomes
             ],
             "now": now,
+            "jobs_channel": self._jobs_channel,
+            "events_channel": self._events_channel,
         }
         q = self._q["finish"]
         rows = await self._run(lambda c: c.execute(q, params).fetchall())
         events: list[BackendEvent] = []
-        finalized: list[int] = []
-        queues_now: set[str] = set()
-        for job_id, queue, state, run_at, message in rows:
+        for job_id, queue, state, run_at, message, _ready, _done in rows:
             st = JobState(state)
             if st.final:
-                finalized.append(job_id)
                 events.append(JobFinalized(job_id, st, message))
             elif run_at <= now:
-                queues_now.add(queue)
                 events.append(JobsAvailable(queue))
             else:
                 events.append(JobsAvailable(queue, run_at))
-        if finalized or queues_now:
-            await self._notify(finalized, sorted(queues_now), "f")
         self._emit(events)
 
     async def _notify(self, ids: list[int], queues: list[str], kind: str) -> None:
@@ -616,6 +612,7 @@ _QUERIES: dict[str, sql.SQL] = {
         "   AND state IN " + _PENDING_SQL + " AND run_at > %(now)s)"
     ),
     "finish": sql.SQL(
+        "WITH upd AS ("
         "WITH o AS (SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(kinds)s::text[],"
         "  %(run_ats)s::float8[], %(errors)s::jsonb[]) AS t(id, attempt, kind, run_at, error)),"
         " d AS (SELECT o.*, CASE WHEN o.kind IN ('retry', 'snooze', 'interrupted') AND j.cancel_requested"
@@ -637,7 +634,17 @@ _QUERIES: dict[str, sql.SQL] = {
         "  interrupted = j.interrupted + CASE WHEN d.k = 'interrupted' THEN 1 ELSE 0 END,"
         "  heartbeat_at = NULL"
         " FROM d WHERE j.id = d.id AND j.state = 'running' AND j.attempt = d.attempt"
-        " RETURNING j.id, j.queue, j.state, j.run_at, j.errors -> -1 ->> 'message'"
+        " RETURNING j.id, j.queue, j.state, j.run_at, j.errors -> -1 ->> 'message' AS message),"
+        # Other processes learn of the batch in the same statement (and so at its commit): one
+        # NOTIFY per queue with jobs available again, and the finalized ids in payloads of at
+        # most 400 ids (NOTIFY payloads are limited to 8000 bytes).
+        " ready AS (SELECT count(*) AS n FROM (SELECT DISTINCT queue FROM upd WHERE state = 'available') a,"
+        "  LATERAL (SELECT pg_notify(%(jobs_channel)s, a.queue)) x),"
+        " done AS (SELECT count(*) AS n FROM (SELECT string_agg(id::text, ',') AS ids FROM"
+        "  (SELECT id, (row_number() OVER (ORDER BY id) - 1) / 400 AS g FROM upd"
+        "   WHERE state IN ('completed', 'discarded', 'cancelled')) f GROUP BY g) b,"
+        "  LATERAL (SELECT pg_notify(%(events_channel)s, 'f:' || b.ids)) x)"
+        " SELECT id, queue, state, run_at, message, (SELECT n FROM ready), (SELECT n FROM done) FROM upd"
     ),
     "cancel": sql.SQL(
         "WITH cur AS (SELECT id, state FROM {s}.jobs WHERE id = %(id)s FOR UPDATE),"

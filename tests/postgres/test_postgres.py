@@ -281,6 +281,28 @@ async def test_a_process_ignores_the_echo_of_its_own_notifications(pg_url):
     assert len(claims) <= 22, claims  # one claim per enqueue (a couple of strays at most)
 
 
+async def test_a_finish_in_another_process_reaches_a_waiter_through_notify(pg_url):
+    # Two backend instances have two pools and two listeners: like two processes. The web side
+    # polls only every 60 s, so a prompt receipt proves the finish's NOTIFY reached it.
+    app = nj.App()
+    app.queue("q", max_workers=2, timeout=10, poll_interval=60)
+
+    @app.job(queue="q")
+    async def work(ctx: nj.JobContext) -> None:
+        await trio.sleep(0.05)
+
+    schema = pgutil.new_schema(pg_url)
+    worker_backend = PostgresBackend(pg_url, schema=schema, poll_interval=60)
+    web_backend = PostgresBackend(pg_url, schema=schema, poll_interval=60)
+    async with nj.open_runtime(app, backend=worker_backend):
+        async with nj.open_runtime(app, backend=web_backend, queues=[]) as web:
+            for _ in range(3):
+                job_id = await work.enqueue()
+                t0 = time.perf_counter()
+                assert (await web.wait(job_id, timeout=30)).state is nj.JobState.COMPLETED
+                assert time.perf_counter() - t0 < 20  # not a 60 s poll
+
+
 async def test_survives_a_server_restart(pg_url):
     """Restart the PostgreSQL server under a running runtime: the pool drops its dead
     connections, the listener reconnects, and every job still completes. Runs last in this file
