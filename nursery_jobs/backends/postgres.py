@@ -37,7 +37,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import trio
 
-from ..infra.pg import PgPool, listen, psycopg, sql  # psycopg only through infra: import order
+from ..infra.pg import ConnectFailed, PgPool, listen, psycopg, sql  # psycopg only through infra: import order
 from .._faults import NO_FAULTS, Faults
 from ..errors import BackendUnavailable, ConfigError, JobNotFound
 from ..jobs import Job, JobError, JobState, decode_args
@@ -229,10 +229,11 @@ class PostgresBackend:
                     "raise pool_size or lower the number of concurrent callers"
                 ) from exc
             except psycopg.OperationalError as exc:
-                if not retry or trio.current_time() + delay > deadline:
+                # A failed connect sent nothing: even a write may be retried then.
+                if not (retry or isinstance(exc, ConnectFailed)) or trio.current_time() + delay > deadline:
                     raise BackendUnavailable(
                         f"PostgreSQL unavailable ({_one_line(exc)}); gave up after {self.outage_timeout:g} s"
-                        if retry
+                        if retry or isinstance(exc, ConnectFailed)
                         else f"PostgreSQL connection lost during a write whose outcome is unknown ({_one_line(exc)})"
                     ) from exc
                 log.warning("PostgreSQL call failed (%s); retrying in %.2f s", _one_line(exc), delay)

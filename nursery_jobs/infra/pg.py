@@ -42,15 +42,15 @@ import trio
 
 from .owner import open_owner
 
-__all__ = ["PgPool", "listen", "psycopg", "sql"]
+__all__ = ["ConnectFailed", "PgPool", "listen", "psycopg", "sql"]
 
 log = logging.getLogger("nursery_jobs")
 
 T = TypeVar("T")
 
 
-class PoolTimeout(Exception):
-    pass
+class ConnectFailed(psycopg.OperationalError):
+    """No connection could be opened: nothing was sent, so any call may be retried."""
 
 
 class PgPool:
@@ -100,7 +100,10 @@ class PgPool:
         return conn
 
     async def _open(self) -> psycopg.Connection[Any]:
-        return await trio.to_thread.run_sync(self._connect, abandon_on_cancel=False)
+        try:
+            return await trio.to_thread.run_sync(self._connect, abandon_on_cancel=False)
+        except psycopg.OperationalError as exc:
+            raise ConnectFailed(str(exc)) from exc
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.Connection[Any]]:
