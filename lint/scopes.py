@@ -63,7 +63,7 @@ from __future__ import annotations
 import ast
 import re
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from .rules import ENTER_CONTEXT_ATTRS, FACTORIES_BY_KIND, IMPORT_FUNCTIONS, TYPES_BY_KIND
 

@@ -34,7 +34,7 @@ import logging
 import math
 import random
 import traceback
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import trio
 

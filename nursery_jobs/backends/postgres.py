@@ -40,7 +40,7 @@ import trio
 from ..infra.pg import ConnectFailed, PgPool, listen, psycopg, sql  # psycopg only through infra: import order
 from .._faults import NO_FAULTS, Faults
 from ..errors import BackendUnavailable, ConfigError, JobNotFound
-from ..jobs import Job, JobError, JobState, decode_args
+from ..jobs import Job, JobState
 from . import (
     BackendEvent,
     CancelRequested,
@@ -55,6 +55,8 @@ from . import (
     Outcome,
     OutcomeKind,
     QueueCounts,
+    counts_from_rows,
+    job_from_row,
 )
 
 log = logging.getLogger("nursery_jobs")
@@ -511,51 +513,11 @@ class PostgresBackend:
         row = await self._run(lambda c: c.execute(q, (job_id,)).fetchone())
         if row is None:
             raise JobNotFound(f"no job with id {job_id} in {self.url}")
-        try:
-            args = decode_args(row[3])
-        except ValueError:
-            args = {}
-        errors = tuple(JobError(e["attempt"], e["at"], e["message"], e.get("traceback")) for e in (row[12] or []))
-        return Job(
-            id=row[0],
-            kind=row[1],
-            queue=row[2],
-            args=args,
-            state=JobState(row[4]),
-            attempt=row[5],
-            max_attempts=row[6],
-            priority=row[7],
-            run_at=row[8],
-            created_at=row[9],
-            attempted_at=row[10],
-            finalized_at=row[11],
-            errors=errors,
-            unique_key=row[13],
-        )
+        return job_from_row(row, row[12] or [])
 
     async def stats(self) -> Mapping[str, QueueCounts]:
         q = self._q["stats"]
-        rows = await self._run(lambda c: c.execute(q).fetchall())
-        acc: dict[str, dict[str, int]] = {}
-        for queue, state, count, failed, interrupted in rows:
-            c = acc.setdefault(queue, {"failed": 0, "interrupted": 0})
-            c[state] = count
-            c["failed"] += failed or 0
-            c["interrupted"] += interrupted or 0
-        return {
-            name: QueueCounts(
-                available=c.get("available", 0),
-                scheduled=c.get("scheduled", 0),
-                running=c.get("running", 0),
-                retryable=c.get("retryable", 0),
-                completed=c.get("completed", 0),
-                discarded=c.get("discarded", 0),
-                cancelled=c.get("cancelled", 0),
-                failed=c["failed"],
-                interrupted=c["interrupted"],
-            )
-            for name, c in sorted(acc.items())
-        }
+        return counts_from_rows(await self._run(lambda c: c.execute(q).fetchall()))
 
     # -- transactional enqueue --
 

@@ -28,7 +28,7 @@ import trio
 from .._faults import NO_FAULTS, Faults
 from ..errors import ConfigError, JobNotFound
 from ..infra.threads import run_sync_io
-from ..jobs import Job, JobError, JobState, decode_args
+from ..jobs import Job, JobState
 from . import (
     BackendEvent,
     CancelRequested,
@@ -43,6 +43,8 @@ from . import (
     Outcome,
     OutcomeKind,
     QueueCounts,
+    counts_from_rows,
+    job_from_row,
 )
 
 __all__ = ["SqliteBackend"]
@@ -443,29 +445,7 @@ class SqliteBackend:
         row = await self._call(body)
         if row is None:
             raise JobNotFound(f"no job with id {job_id} in {self.url}")
-        try:
-            args = decode_args(row[3])
-        except ValueError:
-            args = {}
-        errors = tuple(
-            JobError(e["attempt"], e["at"], e["message"], e.get("traceback")) for e in json.loads(row[12] or "[]")
-        )
-        return Job(
-            id=row[0],
-            kind=row[1],
-            queue=row[2],
-            args=args,
-            state=JobState(row[4]),
-            attempt=row[5],
-            max_attempts=row[6],
-            priority=row[7],
-            run_at=row[8],
-            created_at=row[9],
-            attempted_at=row[10],
-            finalized_at=row[11],
-            errors=errors,
-            unique_key=row[13],
-        )
+        return job_from_row(row, json.loads(row[12] or "[]"))
 
     async def stats(self) -> Mapping[str, QueueCounts]:
         def body() -> Any:
@@ -474,24 +454,4 @@ class SqliteBackend:
                 "SELECT queue, state, COUNT(*), SUM(failed_attempts), SUM(interrupted) FROM nj_jobs GROUP BY queue, state"
             ).fetchall()
 
-        rows = await self._call(body)
-        acc: dict[str, dict[str, int]] = {}
-        for queue, state, count, failed, interrupted in rows:
-            q = acc.setdefault(queue, {"failed": 0, "interrupted": 0})
-            q[state] = count
-            q["failed"] += failed or 0
-            q["interrupted"] += interrupted or 0
-        return {
-            name: QueueCounts(
-                available=c.get("available", 0),
-                scheduled=c.get("scheduled", 0),
-                running=c.get("running", 0),
-                retryable=c.get("retryable", 0),
-                completed=c.get("completed", 0),
-                discarded=c.get("discarded", 0),
-                cancelled=c.get("cancelled", 0),
-                failed=c["failed"],
-                interrupted=c["interrupted"],
-            )
-            for name, c in sorted(acc.items())
-        }
+        return counts_from_rows(await self._call(body))
