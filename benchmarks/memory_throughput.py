@@ -48,8 +48,10 @@ import nursery_jobs as nj
 
 try:  # imported as `benchmarks.memory_throughput`
     from .baselines.plain_trio import run_baseline
+    from .report import percentile, render_table
 except ImportError:  # run as a script: benchmarks/ is sys.path[0]
     from baselines.plain_trio import run_baseline  # type: ignore[no-redef]
+    from report import percentile, render_table  # type: ignore[no-redef]
 
 __all__ = ["Figures", "Sizes", "main", "measure", "measure_latency", "measure_memory", "measure_runtime"]
 
@@ -120,8 +122,7 @@ class Figures:
         return self.paired_ratio("per_s")
 
     def percentile(self, p: float) -> float:
-        ordered = sorted(self.latencies_s)
-        return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+        return percentile(self.latencies_s, p)
 
     def verdicts(self) -> dict[str, bool]:
         return {
@@ -290,10 +291,7 @@ def table(f: Figures) -> str:
         ("idle enqueue -> start p99", f"{f.percentile(99) * 1e3:.3f} ms", "(reported)", ""),
         (f"memory per queued job ({s.queued:,} queued)", f"{f.bytes_per_job:,.0f} B", f"<= {TARGET_BYTES_PER_JOB} B", verdict["memory per job"]),
     ]
-    widths = [max(len(r[c]) for r in rows) for c in range(4)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return render_table(rows)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

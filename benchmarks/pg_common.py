@@ -12,12 +12,16 @@ Sync code only: nothing here starts tasks or threads (the spawn lint allows raw 
 from __future__ import annotations
 
 import os
-import statistics
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import psycopg
 from psycopg import sql
+
+try:  # the shared report helpers, re-exported for the PostgreSQL scripts
+    from .report import median_ratio, percentile, render_table
+except ImportError:  # run as a script: benchmarks/ is sys.path[0]
+    from report import median_ratio, percentile, render_table  # type: ignore[no-redef]
 
 __all__ = [
     "ADMIN_URL",
@@ -132,22 +136,3 @@ def backend_url(url: str, schema: str, **options: object) -> str:
     """The runtime's backend URL for `schema` in the database at `url`."""
     extra = "".join(f"&{k}={v}" for k, v in options.items())
     return f"{url}?schema={schema}{extra}"
-
-
-def percentile(values: Sequence[float], p: float) -> float:
-    """Nearest-rank percentile (p in 0..100) of `values`."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
-
-
-def median_ratio(runtime: Sequence[float], baseline: Sequence[float]) -> float:
-    """The judged ratio: the median of per-round (paired, back-to-back) ratios."""
-    return statistics.median(r / b for r, b in zip(runtime, baseline))
-
-
-def render_table(rows: Sequence[Sequence[str]]) -> str:
-    """Rows of 4 cells (metric, value, target, result); the first row is the header."""
-    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)

@@ -56,6 +56,7 @@ from psycopg import sql
 import nursery_jobs as nj
 
 try:  # imported as `benchmarks.postgres_throughput`
+    from .report import conclude
     from .pg_common import (
         PgUnavailable,
         ServerCpu,
@@ -68,6 +69,7 @@ try:  # imported as `benchmarks.postgres_throughput`
         truncate,
     )
 except ImportError:  # run as a script: benchmarks/ is sys.path[0]
+    from report import conclude  # type: ignore[no-redef]
     from pg_common import (  # type: ignore[no-redef]
         PgUnavailable,
         ServerCpu,
@@ -655,15 +657,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print()
     print(table(figures))
-    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"\n({time.monotonic() - started:.1f} s{'; --quick: sizes too small for the figures to mean anything' if args.quick else ''})")
-    failed = [k for k, v in figures.verdicts().items() if not v]
-    if failed:
-        print(f"missed: {', '.join(failed)}")
-        if args.check:
-            print(f"FAIL: {', '.join(failed)}", file=sys.stderr)
-            return 1
-    return 0
+    return conclude(figures.verdicts(), started=started, quick=args.quick, check=args.check)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,11 @@ import trio
 
 import nursery_jobs as nj
 
+try:  # imported as `benchmarks.sqlite_throughput`
+    from .report import conclude, percentile, render_table
+except ImportError:  # run as a script: benchmarks/ is sys.path[0]
+    from report import conclude, percentile, render_table  # type: ignore[no-redef]
+
 __all__ = ["Figures", "Sizes", "main"]
 
 TARGET_THROUGHPUT = 0.5
@@ -98,11 +103,6 @@ class Figures:
             "idle start p99": percentile(self.start_latency, 99) <= TARGET_START_P99,
             "idle receipt p50": percentile(self.receipt_latency, 50) <= TARGET_RECEIPT_P50,
         }
-
-
-def percentile(values: Sequence[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 # -- the runtime side -------------------------------------------------------------------------------
@@ -377,10 +377,7 @@ def table(f: Figures) -> str:
         ("raw floor: ... + complete commit + read p50 / p99", f"{ms(percentile(f.floor_receipt, 50))} / {ms(percentile(f.floor_receipt, 99))}", "(reported)", ""),
         ("synchronous (WAL)", f.synchronous, "", ""),
     ]  # fmt: skip
-    widths = [max(len(r[c]) for r in rows) for c in range(4)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return render_table(rows)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -407,15 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     print()
     print(table(figures))
-    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"\n({time.monotonic() - started:.1f} s{'; --quick: sizes too small for the figures to mean anything' if args.quick else ''})")
-    failed = [k for k, v in figures.verdicts().items() if not v]
-    if failed:
-        print(f"missed: {', '.join(failed)}")
-        if args.check:
-            print(f"FAIL: {', '.join(failed)}", file=sys.stderr)
-            return 1
-    return 0
+    return conclude(figures.verdicts(), started=started, quick=args.quick, check=args.check)
 
 
 if __name__ == "__main__":
