@@ -32,7 +32,6 @@ class Completer:
         self._event = Wakeup()
         self._stopping = False
         self.finished = trio.Event()
-        self.written = 0
 
     @property
     def pending(self) -> int:
@@ -50,7 +49,6 @@ class Completer:
         if self._faults.completer_drops_batch and len(batch) > 1:
             return
         await self._backend.finish_many(batch)
-        self.written += len(batch)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
