@@ -13,6 +13,8 @@ connection (serialised by a `trio.Lock`), and is never abandoned. A call is shor
 `busy_timeout` bounds how long it waits for another process's write lock.
 
 Clock: Unix time by default; tests pass `clock=trio.current_time` so `MockClock` drives it.
+The property suite also passes `_blocking_io=True`: calls then run on the Trio thread itself,
+which a service must never do but which lets MockClock's autojump see a database call as work.
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ class SqliteBackend:
         clock: Callable[[], float] = time.time,
         busy_timeout: float = 10.0,
         faults: Faults = NO_FAULTS,
+        _blocking_io: bool = False,
     ) -> None:
         self.path = path
         self.url = f"sqlite:///{path}"
@@ -130,6 +133,7 @@ class SqliteBackend:
         self._conn: sqlite3.Connection | None = None
         self._lock = trio.Lock()
         self._limiter = trio.CapacityLimiter(1)
+        self._blocking_io = _blocking_io
         self._listeners: list[Listener] = []
 
     def __repr__(self) -> str:
@@ -151,9 +155,17 @@ class SqliteBackend:
 
     # -- connection --
 
+    async def _io(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self._blocking_io:
+            # Deterministic tests only: the call blocks the Trio thread, so under MockClock's
+            # autojump a database call never looks like "every task is waiting".
+            await trio.lowlevel.checkpoint()
+            return fn(*args)
+        return await run_sync_io(fn, *args, limiter=self._limiter)
+
     async def open(self) -> None:
         if self._conn is None:
-            self._conn = await run_sync_io(self._connect, limiter=self._limiter)
+            self._conn = await self._io(self._connect)
 
     def _connect(self) -> sqlite3.Connection:
         try:
@@ -198,13 +210,13 @@ class SqliteBackend:
         conn, self._conn = self._conn, None
         if conn is not None:
             async with self._lock:
-                await run_sync_io(conn.close, limiter=self._limiter)
+                await self._io(conn.close)
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         if self._conn is None:
             await self.open()
         async with self._lock:
-            return await run_sync_io(fn, *args, limiter=self._limiter)
+            return await self._io(fn, *args)
 
     def _tx(self, body: Callable[[sqlite3.Connection], Any]) -> Any:
         conn = self._conn

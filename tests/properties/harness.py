@@ -23,6 +23,7 @@ Property tests request no pytest fixtures and build everything inside the exampl
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable
@@ -35,6 +36,7 @@ from hypothesis import strategies as st
 import nursery_jobs as nj
 from nursery_jobs._faults import NO_FAULTS, Faults
 from nursery_jobs.backends import JobFinalized
+from nursery_jobs.backends.sqlite import SqliteBackend
 
 from .audit import PropertyFailed, TaskAudit, context_job, expect, walk_tree
 from .model import DISCARD, HANG, HANG_S, OK, RAISE, SNOOZE, JobSpec, Model, QueueSpec, Step
@@ -178,23 +180,25 @@ class World:
             self.history.append((now, "end", ctx.id, n, ctx.attempt, k, how))
 
 
-class HarnessBackend(nj.MemoryBackend):
-    """The memory backend, optionally with a claim that answers after a checkpoint (the round
-    trip of a durable backend: inserts can land while a claim is in flight) and a
+class _Harness:
+    """What the harness adds to a backend: optionally a claim that answers after a checkpoint
+    (the round trip of a durable backend: inserts can land while a claim is in flight) and a
     `finish_many` that crashes on its `crash_at`-th call (a runtime service crash, P11)."""
 
-    def __init__(
-        self, world: World, *, faults: Faults = NO_FAULTS, claim_yields: bool = False, crash_at: int | None = None
-    ) -> None:
-        super().__init__(faults=faults)
+    claim_yields: bool
+    crash_at: int | None
+    finish_calls: int
+    crashed: BackendCrash | None
+
+    def _harness(self, world: World, claim_yields: bool, crash_at: int | None) -> None:
         self.claim_yields = claim_yields
         self.crash_at = crash_at
         self.finish_calls = 0
-        self.crashed: BackendCrash | None = None
-        self.add_listener(world.on_backend_event)
+        self.crashed = None
+        self.add_listener(world.on_backend_event)  # type: ignore[attr-defined]
 
     async def claim(self, queue: str, limit: int) -> Any:
-        result = await super().claim(queue, limit)
+        result = await super().claim(queue, limit)  # type: ignore[misc]
         if self.claim_yields:
             await trio.lowlevel.cancel_shielded_checkpoint()
         return result
@@ -204,7 +208,77 @@ class HarnessBackend(nj.MemoryBackend):
         if self.finish_calls == self.crash_at:
             self.crashed = BackendCrash(f"finish_many call {self.finish_calls} failed")
             raise self.crashed
-        await super().finish_many(outcomes)
+        await super().finish_many(outcomes)  # type: ignore[misc]
+
+
+class HarnessBackend(_Harness, nj.MemoryBackend):
+    def __init__(
+        self, world: World, *, faults: Faults = NO_FAULTS, claim_yields: bool = False, crash_at: int | None = None
+    ) -> None:
+        nj.MemoryBackend.__init__(self, faults=faults)
+        self._harness(world, claim_yields, crash_at)
+
+
+class SqliteHarnessBackend(_Harness, SqliteBackend):
+    """A fresh SQLite file per example, its calls made on the Trio thread (`_blocking_io`), so
+    the example stays deterministic under autojump; Trio's virtual clock is the backend's."""
+
+    poll_interval = None  # one process: every wake-up is delivered in-process
+
+    def __init__(self, world: World, path: str, *, claim_yields: bool = False, crash_at: int | None = None) -> None:
+        SqliteBackend.__init__(self, path, synchronous="NORMAL", clock=trio.current_time, _blocking_io=True)
+        self._harness(world, claim_yields, crash_at)
+
+
+def _postgres_harness_class() -> type:
+    from nursery_jobs.backends.postgres import PostgresBackend
+
+    class PostgresHarnessBackend(_Harness, PostgresBackend):  # type: ignore[misc, valid-type]
+        """A fresh schema per example, blocking I/O on the Trio thread (`_blocking_io`), and no
+        LISTEN connection: with one process every NOTIFY is our own echo, which the backend
+        drops anyway, and a listener's socket would be a wait autojump cannot see through."""
+
+        def __init__(
+            self, world: World, url: str, schema: str, *, claim_yields: bool = False, crash_at: int | None = None
+        ) -> None:
+            PostgresBackend.__init__(
+                self, url, schema=schema, clock=trio.current_time, poll_interval=None, pool_size=4, _blocking_io=True
+            )
+            self._harness(world, claim_yields, crash_at)
+
+        async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+            task_status.started()
+            await trio.sleep_forever()
+
+    return PostgresHarnessBackend
+
+
+@dataclass(frozen=True)
+class Store:
+    """Which backend an example runs on: `memory`, or a durable one with where to put it (a
+    folder for SQLite files, a database URL for PostgreSQL schemas)."""
+
+    kind: str = "memory"
+    where: str = ""
+
+    def backend(self, world: World, faults: Faults, claim_yields: bool, crash_at: int | None) -> Any:
+        if self.kind == "memory":
+            return HarnessBackend(world, faults=faults, claim_yields=claim_yields, crash_at=crash_at)
+        assert faults == NO_FAULTS, "mutants are planted in the memory backend only"
+        n = next(_example_numbers)
+        if self.kind == "sqlite":
+            return SqliteHarnessBackend(world, f"{self.where}/example-{n}.db", claim_yields=claim_yields, crash_at=crash_at)
+        if self.kind == "postgres":
+            from tests import pgutil
+
+            return _postgres_harness_class()(
+                world, self.where, pgutil.new_schema(self.where), claim_yields=claim_yields, crash_at=crash_at
+            )
+        raise AssertionError(self.kind)
+
+
+MEMORY = Store()
+_example_numbers = itertools.count(1)
 
 
 # -- strategies: scripted jobs are data, not code --
@@ -380,6 +454,7 @@ class Example:
         cfg: Config = Config(),
         *,
         draw: Callable[[st.SearchStrategy[Any], str], Any] | None = None,
+        store: Store = MEMORY,
     ) -> None:
         self.faults = faults
         self.cfg = cfg
@@ -391,7 +466,8 @@ class Example:
         claim_yields = cfg.claim_yields if cfg.claim_yields is not None else self.draw(BOOLS, "claim_yields")
         crash_at = self.draw(ints(*cfg.crash_at), "crash_at") if cfg.crash else None
         # the same flags go to the backend: the few it reads (P10's) are backend-side bugs
-        self.backend = HarnessBackend(self.world, faults=faults, claim_yields=claim_yields, crash_at=crash_at)
+        self.store = store
+        self.backend = store.backend(self.world, faults, claim_yields, crash_at)
         self.max_waiters: int = self.draw(ints(*cfg.max_waiters), "max_waiters")
         self.clock = trio.testing.MockClock(autojump_threshold=0)
         self.rt: nj.Runtime | None = None
@@ -422,9 +498,13 @@ class Example:
 
     async def _main(self) -> None:
         self.audit.mark_baseline()
-        async with trio.open_nursery() as probes:
-            self._probes = probes
-            probes.start_soon(self._drive, name="driver")
+        try:
+            async with trio.open_nursery() as probes:
+                self._probes = probes
+                probes.start_soon(self._drive, name="driver")
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.backend.close()  # a durable backend the example opened (memory: no-op)
         self.audit.check_exit()
 
     async def _drive(self) -> None:

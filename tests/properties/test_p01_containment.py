@@ -14,14 +14,14 @@ from hypothesis import strategies as st
 
 from nursery_jobs._faults import NO_FAULTS, Faults
 
-from .harness import Config, Example, examples
+from .harness import Config, Example, MEMORY, Store, examples
 
 CONFIG = Config(max_children=3, weights=(("advance", 4), ("enqueue", 5), ("burst", 1), ("cancel", 1), ("shutdown", 1)))
 MUTANT = Faults(system_task_children=True)
 
 
-def check(data: st.DataObject, faults: Faults = NO_FAULTS) -> None:
-    Example(data, faults, CONFIG).run()
+def check(data: st.DataObject, faults: Faults = NO_FAULTS, store: Store = MEMORY) -> None:
+    Example(data, faults, CONFIG, store=store).run()
 
 
 @settings(max_examples=examples(100))

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from nursery_jobs._faults import NO_FAULTS, Faults
 
 from .audit import expect
-from .harness import Config, Example, examples
+from .harness import Config, Example, MEMORY, Store, examples
 
 CONFIG = Config(
     max_children=3,
@@ -34,8 +34,8 @@ async def tree_mirrors_model(ex: Example) -> None:
     )
 
 
-def check(data: st.DataObject, faults: Faults = NO_FAULTS) -> None:
-    ex = Example(data, faults, CONFIG)
+def check(data: st.DataObject, faults: Faults = NO_FAULTS, store: Store = MEMORY) -> None:
+    ex = Example(data, faults, CONFIG, store=store)
     ex.on_step.append(tree_mirrors_model)
     ex.run()
 

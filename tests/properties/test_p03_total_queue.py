@@ -16,7 +16,7 @@ from nursery_jobs._faults import NO_FAULTS, Faults
 
 from .audit import expect
 from .checks import final_states_match, one_terminal_record_each
-from .harness import Config, Example, examples
+from .harness import Config, Example, MEMORY, Store, examples
 from .model import DISCARD, HANG, OK, RAISE, SNOOZE
 
 CONFIG = Config(
@@ -39,8 +39,8 @@ async def receipts_agree(ex: Example) -> None:
         expect(first.done, "P03", f"job {n}: drained but its receipt is not done: {first}")
 
 
-def check(data: st.DataObject, faults: Faults = NO_FAULTS) -> None:
-    ex = Example(data, faults, CONFIG)
+def check(data: st.DataObject, faults: Faults = NO_FAULTS, store: Store = MEMORY) -> None:
+    ex = Example(data, faults, CONFIG, store=store)
     ex.on_drained.append(receipts_agree)
     ex.run()
     one_terminal_record_each(ex, "P03")

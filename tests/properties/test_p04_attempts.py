@@ -16,7 +16,7 @@ from nursery_jobs._faults import NO_FAULTS, Faults
 
 from .audit import expect
 from .checks import attempts_match, final_states_match, starts_match
-from .harness import Config, Example, examples
+from .harness import Config, Example, MEMORY, Store, examples
 from .model import DISCARD, HANG, OK, RAISE, SNOOZE
 
 CONFIG = Config(
@@ -44,8 +44,8 @@ def history_is_consistent(ex: Example) -> None:
             )
 
 
-def check(data: st.DataObject, faults: Faults = NO_FAULTS) -> None:
-    ex = Example(data, faults, CONFIG)
+def check(data: st.DataObject, faults: Faults = NO_FAULTS, store: Store = MEMORY) -> None:
+    ex = Example(data, faults, CONFIG, store=store)
     ex.run()
     history_is_consistent(ex)
     starts_match(ex, "P04")

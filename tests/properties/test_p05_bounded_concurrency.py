@@ -20,7 +20,7 @@ import nursery_jobs as nj
 from nursery_jobs._faults import NO_FAULTS, Faults
 
 from .audit import expect
-from .harness import Config, Example, examples
+from .harness import Config, Example, MEMORY, Store, examples
 from .model import HANG, OK, RAISE
 
 CONFIG = Config(
@@ -43,8 +43,8 @@ async def within_max_workers_now(ex: Example) -> None:
     within_max_workers(ex)
 
 
-def check(data: st.DataObject, faults: Faults = NO_FAULTS) -> None:
-    ex = Example(data, faults, CONFIG)
+def check(data: st.DataObject, faults: Faults = NO_FAULTS, store: Store = MEMORY) -> None:
+    ex = Example(data, faults, CONFIG, store=store)
     ex.on_step.append(within_max_workers_now)
     ex.run()
     within_max_workers(ex)

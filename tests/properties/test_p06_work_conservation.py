@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from nursery_jobs._faults import NO_FAULTS, Faults
 
 from .audit import expect
-from .harness import Config, Example, examples
+from .harness import Config, Example, MEMORY, Store, examples
 
 CONFIG = Config(
     claim_yields=True,
@@ -47,8 +47,8 @@ async def no_idle_worker_beside_due_work(ex: Example) -> None:
             )
 
 
-def check(data: st.DataObject, faults: Faults = NO_FAULTS) -> None:
-    ex = Example(data, faults, CONFIG)
+def check(data: st.DataObject, faults: Faults = NO_FAULTS, store: Store = MEMORY) -> None:
+    ex = Example(data, faults, CONFIG, store=store)
     ex.on_step.append(no_idle_worker_beside_due_work)
     ex.run()
 

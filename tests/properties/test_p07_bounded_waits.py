@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from nursery_jobs._faults import NO_FAULTS, Faults
 
 from .audit import expect
-from .harness import Config, Example, examples
+from .harness import Config, Example, MEMORY, Store, examples
 
 CONFIG = Config(
     max_waiters=(1, 3),
@@ -70,8 +70,8 @@ def receipts_are_bounded_and_exact(ex: Example) -> None:
             expect(not w.receipt.state.final, "P07", f"{what}: not done but final: {w.receipt}")
 
 
-def check(data: st.DataObject, faults: Faults = NO_FAULTS) -> None:
-    ex = Example(data, faults, CONFIG)
+def check(data: st.DataObject, faults: Faults = NO_FAULTS, store: Store = MEMORY) -> None:
+    ex = Example(data, faults, CONFIG, store=store)
     ex.run()
     receipts_are_bounded_and_exact(ex)
 

@@ -17,7 +17,7 @@ from nursery_jobs._faults import NO_FAULTS, Faults
 
 from .audit import expect
 from .checks import starts_match
-from .harness import Config, Example, examples
+from .harness import Config, Example, MEMORY, Store, examples
 from .model import DISCARD, HANG, OK, RAISE, SNOOZE, replay
 
 CONFIG = Config(
@@ -40,8 +40,8 @@ def queues_are_isolated(ex: Example) -> None:
         expect(got == expected, "P08", f"queue {q.name} alone would start {expected}, but started {got}")
 
 
-def check(data: st.DataObject, faults: Faults = NO_FAULTS) -> None:
-    ex = Example(data, faults, CONFIG)
+def check(data: st.DataObject, faults: Faults = NO_FAULTS, store: Store = MEMORY) -> None:
+    ex = Example(data, faults, CONFIG, store=store)
     ex.run()
     starts_match(ex, "P08", ordered_single_worker=True)
     queues_are_isolated(ex)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from nursery_jobs._faults import NO_FAULTS, Faults
 
 from .checks import ends_match, errors_match, final_states_match
-from .harness import Config, Example, examples
+from .harness import Config, Example, MEMORY, Store, examples
 from .model import HANG, OK, RAISE
 
 CONFIG = Config(
@@ -29,8 +29,8 @@ CONFIG = Config(
 MUTANT = Faults(outcome_from_exception_type=True)
 
 
-def check(data: st.DataObject, faults: Faults = NO_FAULTS) -> None:
-    ex = Example(data, faults, CONFIG)
+def check(data: st.DataObject, faults: Faults = NO_FAULTS, store: Store = MEMORY) -> None:
+    ex = Example(data, faults, CONFIG, store=store)
     ex.run()
     ends_match(ex, "P09")
     errors_match(ex, "P09")

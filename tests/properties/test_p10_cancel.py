@@ -21,7 +21,7 @@ from nursery_jobs._faults import NO_FAULTS, Faults
 
 from .audit import expect
 from .checks import ends_match, final_states_match
-from .harness import Config, Example, examples
+from .harness import Config, Example, MEMORY, Store, examples
 from .model import DISCARD, HANG, OK, RAISE, SNOOZE
 
 CONFIG = Config(
@@ -67,8 +67,8 @@ def cancelled_jobs_stopped(ex: Example) -> None:
     expect(begun == finished, "P10", f"executions without their cleanup/end record: {begun - finished}")
 
 
-def check(data: st.DataObject, faults: Faults = NO_FAULTS) -> None:
-    ex = Example(data, faults, CONFIG)
+def check(data: st.DataObject, faults: Faults = NO_FAULTS, store: Store = MEMORY) -> None:
+    ex = Example(data, faults, CONFIG, store=store)
     ex.on_step.append(cancels_answer_like_the_model)
     ex.run()
     cancelled_jobs_stopped(ex)

@@ -20,7 +20,7 @@ from nursery_jobs._faults import NO_FAULTS, Faults
 
 from .audit import expect
 from .checks import errors_match, final_states_match
-from .harness import Config, Example, examples
+from .harness import Config, Example, MEMORY, Store, examples
 from .model import DISCARD, OK, RAISE, replay
 
 ISOLATION = Config(
@@ -47,15 +47,15 @@ def failures_stay_in_their_job(ex: Example) -> None:
             )
 
 
-def check_isolation(data: st.DataObject, faults: Faults = NO_FAULTS) -> None:
-    ex = Example(data, faults, ISOLATION)
+def check_isolation(data: st.DataObject, faults: Faults = NO_FAULTS, store: Store = MEMORY) -> None:
+    ex = Example(data, faults, ISOLATION, store=store)
     ex.run()
     failures_stay_in_their_job(ex)
 
 
-def check(data: st.DataObject, faults: Faults = NO_FAULTS) -> None:
+def check(data: st.DataObject, faults: Faults = NO_FAULTS, store: Store = MEMORY) -> None:
     """The service-crash half (the one the P11 mutant breaks)."""
-    ex = Example(data, faults, CRASH)
+    ex = Example(data, faults, CRASH, store=store)
     ex.run()
     if not ex.backend.crashed:
         failures_stay_in_their_job(ex)

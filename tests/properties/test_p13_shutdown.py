@@ -26,7 +26,7 @@ from nursery_jobs._faults import NO_FAULTS, Faults
 
 from .audit import expect
 from .checks import ends_match, final_states_match, one_terminal_record_each
-from .harness import Config, Example, ShutdownRecord, examples
+from .harness import Config, Example, MEMORY, ShutdownRecord, Store, examples
 from .model import DISCARD, HANG, OK, RAISE, SNOOZE
 
 CONFIG = Config(
@@ -88,8 +88,8 @@ def racing_enqueues_were_refused_or_kept(ex: Example) -> None:
         expect(ok, "P13", f"racing job {job_id} accepted at a shutdown is {job.state.value} after {runs[job_id]} runs")
 
 
-def check(data: st.DataObject, faults: Faults = NO_FAULTS) -> None:
-    ex = Example(data, faults, CONFIG)
+def check(data: st.DataObject, faults: Faults = NO_FAULTS, store: Store = MEMORY) -> None:
+    ex = Example(data, faults, CONFIG, store=store)
     ex.on_shutdown.append(shutdown_in_order_and_on_time)
     ex.run()
     racing_enqueues_were_refused_or_kept(ex)

@@ -28,7 +28,7 @@ import nursery_jobs as nj
 from nursery_jobs._faults import NO_FAULTS, Faults
 
 from .audit import PropertyFailed, expect, fail
-from .harness import FLUSH_BOUND, Config, Example, examples
+from .harness import Config, Example, FLUSH_BOUND, MEMORY, Store, examples
 from .model import HANG, OK, JobSpec, Step
 
 CONFIG = Config(queues=(1, 1), max_workers=(1, 2), timeouts=False)
@@ -148,8 +148,8 @@ class ApiExample(Example):
         )
 
 
-def check(data: st.DataObject, faults: Faults = NO_FAULTS) -> None:
-    ApiExample(data, faults, CONFIG).run()
+def check(data: st.DataObject, faults: Faults = NO_FAULTS, store: Store = MEMORY) -> None:
+    ApiExample(data, faults, CONFIG, store=store).run()
 
 
 @settings(max_examples=examples(100))

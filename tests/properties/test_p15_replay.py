@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from nursery_jobs._faults import NO_FAULTS, Faults
 
 from .audit import expect
-from .harness import Config, Example, examples
+from .harness import Config, Example, MEMORY, Store, examples
 from .model import HANG, OK, RAISE, SNOOZE
 
 CONFIG = Config(
@@ -41,7 +41,7 @@ def observed(ex: Example) -> tuple[Any, ...]:
     return (ex.world.history, ex.world.finals, ex.jobs_at_end, [(s.t0, s.real_exit) for s in ex.shutdowns])
 
 
-def check(data: st.DataObject, faults: Faults = NO_FAULTS) -> None:
+def check(data: st.DataObject, faults: Faults = NO_FAULTS, store: Store = MEMORY) -> None:
     scheduler = trio._core._run._r
     saved = (scheduler.getstate(), random.getstate())
     drawn: list[Any] = []
@@ -51,12 +51,12 @@ def check(data: st.DataObject, faults: Faults = NO_FAULTS) -> None:
         drawn.append(value)
         return value
 
-    first = Example(data, faults, CONFIG, draw=record)
+    first = Example(data, faults, CONFIG, draw=record, store=store)
     first.run()
     scheduler.setstate(saved[0])
     random.setstate(saved[1])
     replay = iter(drawn)
-    second = Example(data, faults, CONFIG, draw=lambda _strategy, _label: next(replay))
+    second = Example(data, faults, CONFIG, draw=lambda _strategy, _label: next(replay), store=store)
     second.run()
     a, b = observed(first), observed(second)
     for name, x, y in zip(("history", "terminal records", "jobs at the end", "shutdowns"), a, b):
