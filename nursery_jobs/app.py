@@ -53,9 +53,11 @@ class JobKind(Generic[P, R]):
         priority: int,
         retry: RetryPolicy | None,
         asyncio: bool = False,
+        unique: Callable[[Mapping[str, Any]], str | None] | None = None,
     ) -> None:
         self.fn = fn
         self.asyncio = asyncio
+        self.unique = unique
         self.name = name
         self.queue = queue
         self.timeout = timeout
@@ -79,6 +81,21 @@ class JobKind(Generic[P, R]):
 
     async def __call__(self, ctx: JobContext, *args: Any, **kwargs: Any) -> R:
         return await self.fn(ctx, *args, **kwargs)
+
+    def unique_key_for(self, args: Mapping[str, Any]) -> str | None:
+        """The unique key the kind's `unique` function gives these args, scoped to the kind
+        (``"<kind>:<key>"``); None when the kind has no function or it returned None."""
+        if self.unique is None:
+            return None
+        key = self.unique(args)
+        if key is None:
+            return None
+        if not isinstance(key, str) or not key:
+            raise ConfigError(
+                f"the unique function of job {self.name!r} must return a non-empty str or None, "
+                f"not {key!r} (for args {dict(args)!r})"
+            )
+        return f"{self.name}:{key}"
 
     def check_args(self, args: Mapping[str, Any]) -> None:
         """`ArgsError` unless `args` bind to the handler's keyword parameters."""
@@ -192,13 +209,16 @@ class App:
         priority: int = 0,
         retry: RetryPolicy | None = None,
         asyncio: bool = False,
+        unique: Callable[[Mapping[str, Any]], str | None] | None = None,
     ) -> Callable[[Callable[P, Awaitable[R]]], JobKind[P, R]]:
         """Register an async handler ``async def fn(ctx, **args)`` as a job kind.
 
         `timeout=None` uses the queue's timeout. `asyncio=True` marks an asyncio coroutine
         function: it runs through the runtime's trio-asyncio bridge, still under its attempt's
         cancel scope and timeout. `name` defaults to the function's name and is
-        what `rt.enqueue(name, args)` and the backends store. Raises `ConfigError` for an
+        what `rt.enqueue(name, args)` and the backends store. `unique`, a function of the job's
+        args returning a key (or None), makes every enqueue of this kind unique on
+        ``"<name>:<key>"`` unless the call passes its own `unique_key`. Raises `ConfigError` for an
         unknown queue, a duplicate name, a non-async handler or a bad value.
         """
         if queue not in self._queues:
@@ -211,6 +231,8 @@ class App:
             raise ConfigError(f"max_attempts must be an int >= 1, not {max_attempts!r}")
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ConfigError(f"priority must be an int, not {priority!r}")
+        if unique is not None and not callable(unique):
+            raise ConfigError(f"unique must be a function of the job's args returning a str or None, not {unique!r}")
 
         def register(fn: Callable[P, Awaitable[R]]) -> JobKind[P, R]:
             if not inspect.iscoroutinefunction(fn):
@@ -237,6 +259,7 @@ class App:
                 priority=priority,
                 retry=retry,
                 asyncio=asyncio,
+                unique=unique,
             )
             self._kinds[kind_name] = kind
             return kind

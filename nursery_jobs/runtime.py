@@ -259,7 +259,10 @@ class Runtime:
         unique_key: str | None,
     ) -> NewJob:
         run_at, prio, key = self._options(kind, delay, run_at, priority, unique_key)
-        return NewJob(kind.name, kind.queue, self._args_json(kind, args), prio, run_at, kind.max_attempts, key)
+        args_json = self._args_json(kind, args)
+        if key is None and kind.unique is not None:
+            key = kind.unique_key_for(args)
+        return NewJob(kind.name, kind.queue, args_json, prio, run_at, kind.max_attempts, key)
 
     def _check_open(self) -> None:
         if self.closing:
@@ -362,12 +365,19 @@ class Runtime:
         priority: int | None = None,
     ) -> list[JobId]:
         """Enqueue one job of `kind` per mapping in `many`, in one backend call; returns the ids
-        in order. Every job is validated first: one bad mapping rejects the whole batch."""
+        in order. Every job is validated first: one bad mapping rejects the whole batch. A kind
+        with a `unique` function gives each job its own key."""
         job_kind = self.app.kind(kind)
         when, prio, _ = self._options(job_kind, delay, run_at, priority, None)
         name, queue, attempts, to_json = job_kind.name, job_kind.queue, job_kind.max_attempts, self._args_json
         new = tuple.__new__  # a NamedTuple without its Python-level __new__: once per job
-        jobs = [new(NewJob, (name, queue, to_json(job_kind, args), prio, when, attempts, None)) for args in many]
+        if job_kind.unique is None:
+            jobs = [new(NewJob, (name, queue, to_json(job_kind, args), prio, when, attempts, None)) for args in many]
+        else:  # each job its own key; a key twice in one batch gives the first job's id twice
+            key_for = job_kind.unique_key_for
+            jobs = [
+                new(NewJob, (name, queue, to_json(job_kind, args), prio, when, attempts, key_for(args))) for args in many
+            ]
         if not jobs:
             await trio.lowlevel.checkpoint()
             return []

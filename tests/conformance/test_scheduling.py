@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 import nursery_jobs as nj
@@ -97,6 +98,58 @@ async def test_unique_key_returns_the_existing_job_until_it_is_final(make_backen
         await rt.wait(c, timeout=10)
         await rt.wait(other, timeout=10)
     assert sorted(runs) == [1, 1, 2]
+
+
+async def test_a_kind_unique_function_keys_every_enqueue_of_the_kind(make_backend, autojump_clock):
+    app = nj.App()
+    runs = []
+
+    @app.job(unique=lambda args: f"user-{args['user']}" if args["user"] else None)
+    async def sync_user(ctx: nj.JobContext, user: int) -> None:
+        runs.append(("sync", user))
+
+    @app.job(unique=lambda args: f"user-{args['user']}")
+    async def mail_user(ctx: nj.JobContext, user: int) -> None:
+        runs.append(("mail", user))
+
+    async with nj.open_runtime(app, backend=make_backend()) as rt:
+        a = await sync_user.options(delay=5).enqueue(user=1)
+        b = await sync_user.enqueue(user=1)
+        assert b == a and b.existing and not a.existing
+        assert (await rt.get_job(a)).unique_key == "sync_user:user-1"
+        # scoped to the kind: the same key from another kind is another job
+        m = await mail_user.enqueue(user=1)
+        assert m != a and not m.existing
+        # the function may say "not unique"; an explicit unique_key wins over the function
+        free = [await sync_user.enqueue(user=0) for _ in range(2)]
+        assert free[0] != free[1] and not any(f.existing for f in free)
+        own = await sync_user.options(unique_key="mine").enqueue(user=1)
+        assert own != a and (await rt.get_job(own)).unique_key == "mine"
+        # enqueue_many: a key per job, and a key twice in one batch is one job
+        many = await sync_user.enqueue_many([{"user": 2}, {"user": 1}, {"user": 2}, {"user": 3}])
+        assert many[1] == a and many[0] == many[2] and len({many[0], many[1], many[3]}) == 3
+        assert [i.existing for i in many] == [False, True, True, False]
+        for job_id in (a, m, own, *free, many[0], many[3]):
+            assert (await rt.wait(job_id, timeout=30)).done
+        again = await sync_user.enqueue(user=1)  # final now: the key is free again
+        assert again != a and not again.existing
+        assert (await rt.wait(again, timeout=30)).done
+    assert sorted(runs) == sorted(
+        [("sync", 1), ("mail", 1), ("sync", 0), ("sync", 0), ("sync", 1), ("sync", 2), ("sync", 3), ("sync", 1)]
+    )
+
+
+async def test_a_unique_function_returning_a_non_string_is_a_clear_error(make_backend, autojump_clock):
+    app = nj.App()
+
+    @app.job(unique=lambda args: args["n"])
+    async def numbered(ctx: nj.JobContext, n: int) -> None:
+        pass
+
+    async with nj.open_runtime(app, backend=make_backend()) as rt:
+        with pytest.raises(nj.ConfigError, match="must return a non-empty str or None, not 7"):
+            await numbered.enqueue(n=7)
+        assert all(q.queued == 0 for q in (await rt.stats()).values())
 
 
 async def test_enqueue_many_is_one_batch_in_order(make_backend, autojump_clock):
