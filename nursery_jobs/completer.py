@@ -31,6 +31,8 @@ class Completer:
         self._pending: list[Outcome] = []
         self._event = Wakeup()
         self._stopping = False
+        self._writing: Sequence[Outcome] = ()
+        self._scope = trio.CancelScope()
         self.finished = trio.Event()
 
     @property
@@ -50,21 +52,36 @@ class Completer:
             return
         await self._backend.finish_many(batch)
 
+    def abandon(self) -> list[int]:
+        """Shutdown's last resort when the backend stopped answering: stop the completer where
+        it is and return the job ids whose outcomes were not written (they stay running in a
+        durable backend and are rescued after `rescue_after`)."""
+        self._stopping = True
+        self._scope.cancel()
+        unwritten = [o.job_id for o in (*self._writing, *self._pending)]
+        self._pending = []
+        return unwritten
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         try:
-            while True:
-                if not self._pending:
-                    if self._stopping:
-                        return
-                    await self._event.wait()
-                    continue
-                batch, self._pending = self._pending, []
-                await self._write(batch)
+            with self._scope:
+                while True:
+                    if not self._pending:
+                        if self._stopping:
+                            return
+                        await self._event.wait()
+                        continue
+                    batch, self._pending = self._pending, []
+                    self._writing = batch
+                    await self._write(batch)
+                    self._writing = ()
         finally:
             self.finished.set()
 
     async def drain_inline(self) -> None:
         while self._pending:
             batch, self._pending = self._pending, []
+            self._writing = batch
             await self._write(batch)
+            self._writing = ()

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._context import current_job_id
-from .backends import ClaimedJob, Outcome, OutcomeKind
+from .backends import ClaimedJob, ClaimResult, Outcome, OutcomeKind
 from .config import QueueConfig
 from .infra.owner import TaskOwner, open_children
 from .infra.sync import Mailbox, Wakeup
@@ -115,6 +115,7 @@ class QueueExecutor:
         self._wake = True  # claim once at start-up: jobs may be waiting from before
         self._next_due = math.inf
         self._claiming = True
+        self._claim_scope: trio.CancelScope | None = None
         self._workers_alive = 0
         self._all_exited = trio.Event()
         self._fetcher_exited = trio.Event()
@@ -136,6 +137,11 @@ class QueueExecutor:
     def stop_claiming(self) -> None:
         self._claiming = False
         self._kick.set()
+        if self._claim_scope is not None:
+            # A claim in flight is shielded from the shutdown, but not for longer than this.
+            self._claim_scope.deadline = min(
+                self._claim_scope.deadline, trio.current_time() + self.rt.settings.flush_bound
+            )
         idle, self._idle = self._idle, []
         for box in idle:
             box.put(None)  # no job: the worker exits
@@ -186,14 +192,29 @@ class QueueExecutor:
             self._next_due = math.inf
             limit = len(self._idle)
             # A claim commits before it answers: if it were cancelled mid-way, the jobs it
-            # took would stay running with nobody to run them. So it runs shielded (bounded),
-            # and whatever it returns is either handed to a worker or given back.
+            # took would stay running with nobody to run them. So it runs shielded, and
+            # whatever it returns is either handed to a worker or given back. The backend
+            # bounds the call itself (statement and outage timeouts); once shutdown begins,
+            # `stop_claiming` bounds it by `flush_bound` too.
             if backend.atomic:
                 result = await backend.claim(self.name, limit)  # never yields: cannot be cut
             else:
-                with trio.CancelScope(shield=True) as claim_scope:
-                    claim_scope.deadline = trio.current_time() + self.rt.settings.flush_bound
-                    result = await backend.claim(self.name, limit)
+                answer: ClaimResult | None = None
+                with trio.CancelScope(shield=True) as scope:
+                    self._claim_scope = scope
+                    if not self._claiming:
+                        scope.deadline = trio.current_time() + self.rt.settings.flush_bound
+                    answer = await backend.claim(self.name, limit)
+                self._claim_scope = None
+                if answer is None:
+                    log.warning(
+                        "shutdown: a claim on queue %r did not answer within flush_bound (%g s); any job it "
+                        "took stays running in the backend and is rescued after rescue_after",
+                        self.name,
+                        self.rt.settings.flush_bound,
+                    )
+                    break
+                result = answer
             if faults.drop_wakeup_during_fetch:
                 self._wake = False
             if result.next_due is not None and result.next_due < self._next_due:

@@ -10,12 +10,17 @@ Shutdown reverses it, and every step is bounded:
 3. cancel what is still running, with the reason "shutdown": those attempts are *interrupted*,
    not failed -- the attempt is given back and the job is available again (on durable backends,
    for any process to pick up; at least once, nothing lost);
-4. wait up to `flush_bound` for the cancelled attempts to unwind, then stop the completer, which
-   writes every outcome still pending;
-5. unsubscribe and close the backend.
+4. wait up to `flush_bound` for the cancelled attempts to unwind;
+5. within one more `flush_bound`: wait for claims in flight (each cut at that bound), stop the
+   completer, which writes every outcome still pending -- if the backend does not take them in
+   time, the completer is abandoned and the unwritten job ids are logged (on a durable backend
+   those jobs stay running and are rescued);
+6. within a last `flush_bound`: write what torn-down tasks gave back, unsubscribe, and close the
+   backend if the runtime opened it.
 
 The sequence runs shielded from outside cancellation but inside its own bounds, so `open_runtime`
-exits within `grace + 2 * flush_bound` as long as job code honours cancellation (a job that
+exits within `grace + 3 * flush_bound` -- even when the backend stops answering -- as long as
+job code honours cancellation (a job that
 shields itself forever cannot be killed in Trio; the runtime names it in a warning instead).
 If the body is left by a cancellation from outside (or Ctrl-C), there is no grace: step 2 is
 skipped. `skip_grace()` (the second signal in `run`) ends step 2 early.
@@ -138,58 +143,81 @@ class Runtime:
     # -- maintenance: heartbeats and rescue --
 
     async def _maintenance(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Renew the claim on this process's running jobs and rescue other processes' stale ones.
+        """Two tasks: heartbeats (renew the claim on this process's running jobs) and upkeep
+        (rescue other processes' stale jobs, delete old final ones). Apart, so a slow rescue or
+        retention can never delay a heartbeat past the point where another process rescues."""
+        task_status.started()
+        with self._maintenance_scope:
+            async with open_owner("maintenance") as owner:
+                owner.spawn(self._heartbeats, name="heartbeats")
+                owner.spawn(self._upkeep, name="upkeep")
 
-        A heartbeat that keeps failing for half of `rescue_after` means another process may
-        soon rescue these jobs: the runtime cancels them first rather than let them run
-        unowned. Rescue itself is safe to run in every process at once: it is one conditional
-        update per job, and the fencing on the attempt keeps a late worker from writing over it.
+    async def _heartbeats(self) -> None:
+        """Every `heartbeat_interval`, renew the running jobs' heartbeats.
+
+        Another process may rescue a job whose heartbeat is `rescue_after` old. So once this
+        process has not renewed for half of that -- the calls failed, or one has not answered
+        (a hung connection) -- it cancels its running attempts ("lost") rather than let them run
+        unowned: each call is bounded by that deadline, not only checked when it returns.
         """
         s = self.settings
         backend = self.backend
-        task_status.started()
-        with self._maintenance_scope:
-            last_ok = trio.current_time()
-            next_rescue = trio.current_time()
-            next_retention = trio.current_time() + s.retention_interval
-            while True:
-                await trio.sleep(s.heartbeat_interval)
-                now = trio.current_time()
-                running = [(a.job.id, a.job.attempt) for a in self.attempts.values()]
-                if running:
-                    try:
-                        result = await backend.heartbeat(running)
-                    except Exception:
-                        log.exception("heartbeat of %d running jobs failed", len(running))
-                        now = trio.current_time()  # after the failed call, however long it took
-                        if now - last_ok >= s.rescue_after / 2:
-                            log.error("no heartbeat for %g s: cancelling this process's running jobs", now - last_ok)
-                            for attempt in list(self.attempts.values()):
-                                attempt.cancel("lost")
-                    else:
-                        last_ok = now
-                        for job_id, attempt_no in result.lost:
-                            found = self.attempts.get(job_id)
-                            if found is not None and found.job.attempt == attempt_no:
-                                found.cancel("lost")
-                        for job_id in result.cancel:
-                            found = self.attempts.get(job_id)
-                            if found is not None:
-                                found.cancel("cancel")
+        last_ok = trio.current_time()
+        while True:
+            await trio.sleep(s.heartbeat_interval)
+            running = [(a.job.id, a.job.attempt) for a in self.attempts.values()]
+            if not running:
+                last_ok = trio.current_time()
+                continue
+            result = None
+            with trio.move_on_at(last_ok + s.rescue_after / 2):
+                try:
+                    result = await backend.heartbeat(running)
+                except Exception:
+                    log.exception("heartbeat of %d running jobs failed", len(running))
+            now = trio.current_time()
+            if result is None:
+                if now - last_ok >= s.rescue_after / 2:
+                    log.error(
+                        "no heartbeat for %g s (rescue_after is %g s): cancelling this process's running jobs",
+                        now - last_ok,
+                        s.rescue_after,
+                    )
+                    for attempt in list(self.attempts.values()):
+                        attempt.cancel("lost")
+                continue
+            last_ok = now
+            for job_id, attempt_no in result.lost:
+                found = self.attempts.get(job_id)
+                if found is not None and found.job.attempt == attempt_no:
+                    found.cancel("lost")
+            for job_id in result.cancel:
+                found = self.attempts.get(job_id)
+                if found is not None:
+                    found.cancel("cancel")
+
+    async def _upkeep(self) -> None:
+        """Rescue stale running jobs every `rescue_interval` (the first at start-up) and delete
+        old final jobs every `retention_interval`. Failures are logged and tried again."""
+        s = self.settings
+        backend = self.backend
+        next_rescue = trio.current_time()
+        next_retention = trio.current_time() + s.retention_interval
+        while True:
+            await trio.sleep_until(min(next_rescue, next_retention))
+            now = trio.current_time()
+            if now >= next_rescue:
+                next_rescue = now + s.rescue_interval
+                try:
+                    rescued = await backend.rescue(backend.now() - s.rescue_after)
+                except Exception:
+                    log.exception("rescue of stale running jobs failed; retrying in %g s", s.rescue_interval)
                 else:
-                    last_ok = now
-                if now >= next_retention:
-                    next_retention = now + s.retention_interval
-                    await self._retention()
-                if now >= next_rescue:
-                    next_rescue = now + s.rescue_interval
-                    try:
-                        rescued = await backend.rescue(backend.now() - s.rescue_after)
-                    except Exception:
-                        log.exception("rescue of stale running jobs failed; retrying in %g s", s.rescue_interval)
-                    else:
-                        if rescued:
-                            log.warning("rescued %d jobs whose worker stopped heartbeating: %s", len(rescued), rescued)
+                    if rescued:
+                        log.warning("rescued %d jobs whose worker stopped heartbeating: %s", len(rescued), rescued)
+            if now >= next_retention:
+                next_retention = now + s.retention_interval
+                await self._retention()
 
     async def _retention(self) -> None:
         s = self.settings
@@ -479,15 +507,24 @@ class Runtime:
                     stuck or "some attempts",
                     settings.flush_bound,
                 )
-            with trio.move_on_after(settings.flush_bound):
+            with trio.move_on_after(settings.flush_bound) as flush:
                 # A claim in flight when claiming stopped hands its jobs back through the
-                # completer: wait for every fetcher before stopping it.
+                # completer: wait for every fetcher (each claim is bounded by flush_bound once
+                # claiming stopped) before stopping it; then the completer writes what is left.
                 for executor in self.executors.values():
                     await executor.wait_fetcher_exited()
-            self.completer.stop()
-            with trio.move_on_after(settings.flush_bound):
+                self.completer.stop()
                 await self.completer.finished.wait()
-            await self.completer.drain_inline()
+                await self.completer.drain_inline()
+            if flush.cancelled_caught:
+                unwritten = self.completer.abandon()
+                log.error(
+                    "shutdown: the backend did not take the last outcomes within flush_bound (%g s); "
+                    "not written: %s. On a durable backend these jobs stay running and are rescued "
+                    "after rescue_after",
+                    settings.flush_bound,
+                    ", ".join(f"job {i}" for i in unwritten) or "none pending",
+                )
             self._maintenance_scope.cancel()
             self._backend_scope.cancel()
 
@@ -538,6 +575,7 @@ async def open_runtime(
     be.check_budget(sum(app.queues[q].max_workers for q in names))
     rt = Runtime(app, be, settings, names, _faults)
     token = current_runtime.set(rt)
+    close_by: float | None = None
     try:
         await be.open()  # idempotent: a caller's instance may be open already
         be.add_listener(rt._on_event)
@@ -559,13 +597,15 @@ async def open_runtime(
                 finally:
                     await rt._shutdown(graceful)
             # Every task has ended; write anything pushed after the completer stopped (a task
-            # torn down from outside gives its job back on its way out).
-            with trio.CancelScope(shield=True), trio.move_on_after(settings.flush_bound):
+            # torn down from outside gives its job back on its way out). This write and the
+            # backend's close share one flush_bound: the last step of the shutdown's bound.
+            close_by = trio.current_time() + settings.flush_bound
+            with trio.CancelScope(shield=True), trio.move_on_at(close_by):
                 await rt.completer.drain_inline()
         finally:
             be.remove_listener(rt._on_event)
             if owns_backend:
-                with trio.CancelScope(shield=True), trio.move_on_after(settings.flush_bound):
+                with trio.CancelScope(shield=True), trio.move_on_at(close_by or trio.current_time() + settings.flush_bound):
                     await be.close()
     finally:
         current_runtime.reset(token)

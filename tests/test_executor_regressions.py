@@ -72,6 +72,72 @@ async def test_a_worker_that_cannot_renew_its_heartbeat_cancels_the_job(autojump
     assert "cancelling this process's running jobs" in caplog.text
 
 
+class HeartbeatHangsBackend(nj.MemoryBackend):
+    """A backend whose heartbeat call never answers, as over a network partition that drops
+    packets without resetting the connection."""
+
+    async def heartbeat(self, running):
+        await trio.sleep_forever()
+
+
+async def test_a_heartbeat_call_that_never_answers_still_cancels_the_job_in_time(autojump_clock, caplog):
+    app = nj.App()
+    log = []
+
+    @app.job(timeout=None)
+    async def long(ctx: nj.JobContext) -> None:
+        try:
+            await trio.sleep(3600)
+        finally:
+            log.append((ctx.cancel_reason, trio.current_time()))
+
+    settings = nj.RuntimeSettings(heartbeat_interval=1, rescue_after=10, rescue_interval=100)
+    async with nj.open_runtime(app, backend=HeartbeatHangsBackend(), settings=settings, grace=0):
+        t0 = trio.current_time()
+        await long.enqueue()
+        await trio.sleep(20)
+    # the first heartbeat starts at t0 + 1 and hangs; the deadline is half of rescue_after
+    reason, at = log[0]
+    assert reason == "lost" and at - t0 <= 10 / 2 + 1e-6
+    assert "no heartbeat for 5 s (rescue_after is 10 s)" in caplog.text
+
+
+class SlowRetentionBackend(nj.MemoryBackend):
+    """Retention and rescue that take long (a big DELETE after downtime)."""
+
+    def __init__(self):
+        super().__init__()
+        self.beats: list[float] = []
+
+    async def delete_finished(self, before):
+        await trio.sleep(30)
+        return await super().delete_finished(before)
+
+    async def rescue(self, stale_before):
+        await trio.sleep(30)
+        return await super().rescue(stale_before)
+
+    async def heartbeat(self, running):
+        self.beats.append(trio.current_time())
+        return await super().heartbeat(running)
+
+
+async def test_slow_rescue_and_retention_never_delay_a_heartbeat(autojump_clock):
+    app = nj.App()
+
+    @app.job(timeout=None)
+    async def long(ctx: nj.JobContext) -> None:
+        await trio.sleep(50)
+
+    settings = nj.RuntimeSettings(heartbeat_interval=1, rescue_after=10, rescue_interval=5, retention_interval=5)
+    backend = SlowRetentionBackend()
+    async with nj.open_runtime(app, backend=backend, settings=settings, grace=0) as rt:
+        job_id = await long.enqueue()
+        assert (await rt.wait(job_id, timeout=100)).state is nj.JobState.COMPLETED
+    gaps = [b - a for a, b in zip(backend.beats, backend.beats[1:])]
+    assert len(backend.beats) >= 45 and max(gaps) <= 1 + 1e-6
+
+
 async def test_memory_backend_keeps_a_bounded_number_of_final_jobs(autojump_clock):
     app = nj.App()
 
