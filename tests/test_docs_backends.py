@@ -473,7 +473,7 @@ async def test_cancel_a_pending_job_and_a_running_one(autojump_clock) -> None:
 
 
 def backend_for_long_jobs(database_url: str) -> PostgresBackend:
-    """A worker cut off from the database stops its jobs before another process may rescue them."""
+    """An outage longer than 10 s stops the runtime, so the supervisor restarts it and says so."""
     return PostgresBackend(database_url, schema="nursery_jobs", outage_timeout=10.0)
 
 

@@ -20,6 +20,7 @@ which a service must never do but which lets MockClock's autojump see a database
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -28,7 +29,7 @@ from urllib.parse import parse_qs
 import trio
 
 from .._faults import NO_FAULTS, Faults
-from ..errors import ConfigError, JobNotFound
+from ..errors import BackendUnavailable, ConfigError, JobNotFound
 from ..infra.threads import run_sync_io
 from ..jobs import Job, JobState
 from . import (
@@ -50,6 +51,8 @@ from . import (
 )
 
 __all__ = ["SqliteBackend"]
+
+log = logging.getLogger("nursery_jobs")
 
 SCHEMA_VERSION = 1
 
@@ -121,6 +124,7 @@ class SqliteBackend:
         synchronous: str = "FULL",
         clock: Callable[[], float] = time.time,
         busy_timeout: float = 10.0,
+        outage_timeout: float = 30.0,
         faults: Faults = NO_FAULTS,
         _blocking_io: bool = False,
     ) -> None:
@@ -129,6 +133,7 @@ class SqliteBackend:
         self._synchronous = synchronous
         self._clock = clock
         self._busy_timeout = busy_timeout
+        self.outage_timeout = outage_timeout
         self._faults = faults
         self._conn: sqlite3.Connection | None = None
         self._lock = trio.Lock()
@@ -213,10 +218,36 @@ class SqliteBackend:
                 await self._io(conn.close)
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the connection. Every call starts with `BEGIN IMMEDIATE` (or is a
+        read), so "database is locked" means nothing was written: another connection held the
+        write lock past `busy_timeout` (an operator's shell, a backup). Such a call is retried
+        with backoff for up to `outage_timeout`, then `BackendUnavailable` says so; any other
+        SQLite error is a `BackendUnavailable` at once, naming the cause."""
         if self._conn is None:
             await self.open()
-        async with self._lock:
-            return await self._io(fn, *args)
+        deadline = trio.current_time() + self.outage_timeout
+        delay = 0.05
+        while True:
+            try:
+                async with self._lock:
+                    return await self._io(fn, *args)
+            except sqlite3.OperationalError as exc:
+                locked = "locked" in str(exc) or "busy" in str(exc)
+                if not locked or trio.current_time() + delay > deadline:
+                    what = (
+                        f"another connection held its write lock for over {self.outage_timeout:g} s"
+                        if locked
+                        else "an SQLite error"
+                    )
+                    raise BackendUnavailable(
+                        f"SQLite database {self.path!r} unavailable: {what} ({exc}); check for long "
+                        "transactions, a backup in progress, or the disk"
+                    ) from exc
+                log.warning("SQLite database %r is locked (%s); retrying in %.2f s", self.path, exc, delay)
+                await trio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+            except sqlite3.DatabaseError as exc:
+                raise BackendUnavailable(f"SQLite database {self.path!r} failed: {exc}") from exc
 
     def _tx(self, body: Callable[[sqlite3.Connection], Any]) -> Any:
         conn = self._conn
@@ -224,10 +255,11 @@ class SqliteBackend:
         conn.execute("BEGIN IMMEDIATE")
         try:
             result = body(conn)
+            conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:  # a failed COMMIT leaves it open too
+                conn.execute("ROLLBACK")
             raise
-        conn.execute("COMMIT")
         return result
 
     # -- protocol --

@@ -1,0 +1,98 @@
+"""SQLite: another connection holding the write lock (an operator's shell, a backup) delays the
+runtime but neither blocks the Trio loop nor kills the runtime; held past `outage_timeout`, a
+call fails with `BackendUnavailable` that says why. Real time (the lock is held by a thread of
+this test), kept to a few seconds."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+import pytest
+import trio
+
+import nursery_jobs as nj
+from nursery_jobs.backends.sqlite import SqliteBackend
+
+
+def _app(done: list[int]) -> nj.App:
+    app = nj.App()
+
+    @app.job()
+    async def work(ctx: nj.JobContext, n: int) -> None:
+        done.append(n)
+
+    return app
+
+
+def _hold_write_lock(path: str, seconds: float, locked: threading.Event) -> None:
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        locked.set()
+        threading.Event().wait(seconds)
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+
+
+async def _while_locked(path: str, seconds: float, body) -> None:
+    locked = threading.Event()
+    holder = threading.Thread(target=_hold_write_lock, args=(path, seconds, locked))
+    holder.start()
+    try:
+        await trio.to_thread.run_sync(locked.wait, 5)
+        await body()
+    finally:
+        await trio.to_thread.run_sync(holder.join)
+
+
+async def test_a_lock_held_for_a_while_delays_but_does_not_break_the_runtime(tmp_path, caplog) -> None:
+    path = str(tmp_path / "jobs.db")
+    done: list[int] = []
+    backend = SqliteBackend(path, busy_timeout=0.1, outage_timeout=10)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await trio.sleep(0.01)
+            ticks += 1
+
+    async with nj.open_runtime(_app(done), backend=backend, grace=1) as rt:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ticker)
+
+            async def enqueue_while_locked() -> None:
+                job_id = await rt.enqueue("work", {"n": 1})  # waits for the lock, then goes in
+                assert (await rt.wait(job_id, timeout=10)).state is nj.JobState.COMPLETED
+
+            await _while_locked(path, 1.0, enqueue_while_locked)
+            nursery.cancel_scope.cancel()
+    assert done == [1]
+    assert ticks >= 20, "the Trio loop was blocked while SQLite waited for the lock"
+    assert "is locked" in caplog.text and "retrying" in caplog.text
+
+
+async def test_a_lock_held_past_the_outage_timeout_is_a_clear_error(tmp_path) -> None:
+    # The caller's enqueue gives up with the reason; the runtime's own services give up too and
+    # the runtime stops (its supervisor restarts it), as on PostgreSQL: never a raw sqlite3 error.
+    path = str(tmp_path / "jobs.db")
+    backend = SqliteBackend(path, busy_timeout=0.1, outage_timeout=0.5)
+    backend.poll_interval = 0.1  # the fetcher keeps claiming, so it meets the lock too
+    with pytest.raises(BaseExceptionGroup) as stopped:
+        async with nj.open_runtime(_app([]), backend=backend, grace=1) as rt:
+
+            async def enqueue_while_locked() -> None:
+                with pytest.raises(nj.BackendUnavailable, match="held its write lock for over 0.5 s"):
+                    await rt.enqueue("work", {"n": 1})
+
+            await _while_locked(path, 3.0, enqueue_while_locked)
+    leaves = _leaves(stopped.value)
+    assert leaves and all(isinstance(e, nj.BackendUnavailable) for e in leaves), leaves
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
