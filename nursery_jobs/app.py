@@ -186,7 +186,9 @@ class App:
         """Declare a queue with its own pool of `max_workers` and per-attempt `timeout` seconds.
 
         `poll_interval`: on durable backends, how often the queue looks for work when no
-        wake-up arrives (default: the backend's, 1 s; use 0.1 for queues requests wait on).
+        wake-up arrives, and how often `rt.wait` on one of its jobs looks for the outcome when
+        another process runs it (default: the backend's, 1 s; use 0.1 for queues requests wait
+        on).
 
         Raises `ConfigError` for a bad value or a queue declared twice.
         """

@@ -15,7 +15,7 @@
 | `rescue_interval` | 15 s | how often each process looks for stale running jobs | a quarter of `rescue_after`: a crashed job waits at most ~1.25 x `rescue_after` |
 | `keep_completed` / `keep_cancelled` / `keep_discarded` | 24 h / 24 h / 7 days | final jobs are deleted this long after they ended | River's periods: discarded jobs are what an operator investigates, so they stay longest |
 | `retention_interval` | 5 min | how often retention runs | deletes in small, frequent batches instead of one large sweep |
-| `poll_interval` | backend's (memory: none; SQLite: 1 s) | fallback fetch when no wake-up arrives; `QueueConfig.poll_interval` overrides per queue (awaited queues: 0.1 s) | wake-ups from other processes can be lost or absent; polling bounds the delay |
+| `poll_interval` | backend's (memory: none; SQLite: 1 s) | fallback fetch when no wake-up arrives, and how often a receipt awaited in another process looks again; `QueueConfig.poll_interval` overrides per queue (awaited queues: 0.1 s) | wake-ups from other processes can be lost or absent; polling bounds the delay |
 """
 
 from __future__ import annotations

@@ -66,7 +66,12 @@ class Receipts:
             # A backend that polls cannot push every finish from other processes: look again
             # every poll interval while waiting (PostgreSQL pushes them, and is polled anyway in
             # case a NOTIFY was lost while its listener reconnected).
-            poll = backend.poll_interval if backend.poll_interval is not None else math.inf
+            # The job's queue's own poll_interval, when it has one, is how soon its waiters
+            # want to know (an awaited queue polls every 0.1 s), in an enqueue-only web process too.
+            poll = math.inf
+            if backend.poll_interval is not None:
+                cfg = self._rt.app.queues.get(queue)
+                poll = cfg.poll_interval if cfg is not None and cfg.poll_interval is not None else backend.poll_interval
             while True:
                 with trio.move_on_at(min(deadline, trio.current_time() + poll)):
                     await event.wait()

@@ -378,7 +378,7 @@ class Runtime:
             row = await run_sync_io(lambda: conn.execute(query, params).fetchone(), limiter=self.thread_limiter)
         if row is None:
             raise ConfigError(
-                f"unique_key {unique_key!r} is held by a pending job; enqueue_tx does not look it up "
+                f"unique_key {new.unique_key!r} is held by a pending job; enqueue_tx does not look it up "
                 "inside your transaction: use enqueue for unique jobs"
             )
         return JobId.of(row[0])
