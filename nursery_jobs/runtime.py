@@ -55,6 +55,10 @@ __all__ = ["QueueStats", "Runtime", "open_runtime", "run"]
 
 log = logging.getLogger("nursery_jobs")
 
+RETENTION_BATCH = 1000
+"""Retention deletes at most this many rows per call: each call is a short transaction (no long
+lock, no statement timeout after downtime left a backlog), and it loops until a batch is short."""
+
 T = TypeVar("T")
 
 
@@ -227,10 +231,15 @@ class Runtime:
             JobState.CANCELLED: now - s.keep_cancelled,
             JobState.DISCARDED: now - s.keep_discarded,
         }
+        deleted = 0
         try:
-            deleted = await self.backend.delete_finished(before)
+            while True:
+                batch = await self.backend.delete_finished(before, RETENTION_BATCH)
+                deleted += batch
+                if batch < RETENTION_BATCH:
+                    break
         except Exception:
-            log.exception("retention failed; retrying in %g s", s.retention_interval)
+            log.exception("retention failed after deleting %d final jobs; retrying in %g s", deleted, s.retention_interval)
         else:
             if deleted:
                 log.info("retention deleted %d final jobs", deleted)

@@ -109,9 +109,9 @@ class SlowRetentionBackend(nj.MemoryBackend):
         super().__init__()
         self.beats: list[float] = []
 
-    async def delete_finished(self, before):
+    async def delete_finished(self, before, limit):
         await trio.sleep(30)
-        return await super().delete_finished(before)
+        return await super().delete_finished(before, limit)
 
     async def rescue(self, stale_before):
         await trio.sleep(30)

@@ -200,8 +200,10 @@ class Backend(Protocol):
         """
         ...
 
-    async def delete_finished(self, before: Mapping[JobState, float]) -> int:
-        """Retention: delete final jobs of each state in `before` finalized before its cutoff."""
+    async def delete_finished(self, before: Mapping[JobState, float], limit: int) -> int:
+        """Retention: delete at most `limit` final jobs of the states in `before`, each finalized
+        before its state's cutoff; returns how many (the runtime calls again while it is
+        `limit`, so no single call is a long sweep)."""
         ...
 
     async def get_job(self, job_id: int) -> Job: ...

@@ -351,14 +351,16 @@ class MemoryBackend:
             self._emit(event)
         return rescued
 
-    async def delete_finished(self, before: Mapping[JobState, float]) -> int:
-        deleted = 0
-        for job_id in [
-            r.id for r in self._rows.values() if r.finalized_at is not None and r.finalized_at < before.get(r.state, -math.inf)
-        ]:
+    async def delete_finished(self, before: Mapping[JobState, float], limit: int) -> int:
+        doomed = []
+        for r in self._rows.values():
+            if r.finalized_at is not None and r.finalized_at < before.get(r.state, -math.inf):
+                doomed.append(r.id)
+                if len(doomed) >= limit:
+                    break
+        for job_id in doomed:
             self._drop(job_id)
-            deleted += 1
-        return deleted
+        return len(doomed)
 
     def _drop(self, job_id: int) -> None:
         row = self._rows.pop(job_id, None)

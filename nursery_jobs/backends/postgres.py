@@ -501,11 +501,11 @@ class PostgresBackend:
         self._emit(events)
         return sorted(r[0] for r in rows)
 
-    async def delete_finished(self, before: Mapping[JobState, float]) -> int:
+    async def delete_finished(self, before: Mapping[JobState, float], limit: int) -> int:
         q = self._q["delete_finished"]
         states = [JobState(s).value for s in before]
         cutoffs = list(before.values())
-        row = await self._run(lambda c: c.execute(q, (states, cutoffs)).fetchone())
+        row = await self._run(lambda c: c.execute(q, (states, cutoffs, limit)).fetchone())
         return int(row[0]) if row else 0
 
     async def get_job(self, job_id: int) -> Job:
@@ -643,8 +643,10 @@ _QUERIES: dict[str, sql.SQL] = {
         " RETURNING j.id, j.queue, j.state, j.errors -> -1 ->> 'message'"
     ),
     "delete_finished": sql.SQL(
-        "WITH del AS (DELETE FROM {s}.jobs j USING unnest(%s::text[], %s::float8[]) AS c(state, before)"
-        " WHERE j.state = c.state AND j.finalized_at < c.before RETURNING 1) SELECT count(*) FROM del"
+        "WITH doomed AS (SELECT j.id FROM {s}.jobs j JOIN unnest(%s::text[], %s::float8[]) AS c(state, before)"
+        "  ON j.state = c.state AND j.finalized_at < c.before LIMIT %s),"
+        " del AS (DELETE FROM {s}.jobs j USING doomed WHERE j.id = doomed.id RETURNING 1)"
+        " SELECT count(*) FROM del"
     ),
     "get": sql.SQL(
         "SELECT id, kind, queue, args::text, state, attempt, max_attempts, priority, run_at, created_at,"

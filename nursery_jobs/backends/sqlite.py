@@ -84,6 +84,9 @@ CREATE INDEX IF NOT EXISTS nj_jobs_claim ON nj_jobs (queue, priority DESC, run_a
 CREATE INDEX IF NOT EXISTS nj_jobs_due ON nj_jobs (queue, run_at)
     WHERE state IN ('available', 'scheduled', 'retryable');
 CREATE INDEX IF NOT EXISTS nj_jobs_running ON nj_jobs (heartbeat_at) WHERE state = 'running';
+-- Retention finds old final rows without a scan (and deletes them in batches).
+CREATE INDEX IF NOT EXISTS nj_jobs_finalized ON nj_jobs (state, finalized_at)
+    WHERE state IN ('completed', 'discarded', 'cancelled');
 -- While a job with a unique key is not final, no other job may hold that key.
 CREATE UNIQUE INDEX IF NOT EXISTS nj_jobs_unique ON nj_jobs (unique_key)
     WHERE unique_key IS NOT NULL AND state NOT IN ('completed', 'discarded', 'cancelled');
@@ -464,14 +467,18 @@ class SqliteBackend:
         result: list[int] = rescued
         return result
 
-    async def delete_finished(self, before: Mapping[JobState, float]) -> int:
+    async def delete_finished(self, before: Mapping[JobState, float], limit: int) -> int:
         def body(conn: sqlite3.Connection) -> int:
             deleted = 0
             for state, cutoff in sorted(before.items()):
                 cur = conn.execute(
-                    "DELETE FROM nj_jobs WHERE state = ? AND finalized_at < ?", (JobState(state).value, cutoff)
+                    "DELETE FROM nj_jobs WHERE id IN (SELECT id FROM nj_jobs WHERE state = ? AND finalized_at < ?"
+                    " LIMIT ?)",
+                    (JobState(state).value, cutoff, limit - deleted),
                 )
                 deleted += cur.rowcount
+                if deleted >= limit:
+                    break
             return deleted
 
         result: int = await self._call(self._tx, body)

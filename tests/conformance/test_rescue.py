@@ -152,3 +152,37 @@ async def test_retention_deletes_final_jobs_by_age_keeping_discarded_longest(mak
         with pytest.raises(nj.JobNotFound):
             await rt.get_job(bad)
         assert (await rt.stats())["default"].failed == 0
+
+
+async def test_retention_deletes_a_backlog_in_short_batches(make_backend, autojump_clock, monkeypatch):
+    from nursery_jobs import runtime
+
+    monkeypatch.setattr(runtime, "RETENTION_BATCH", 40)
+    app = nj.App()
+    app.queue("bulk", max_workers=10, timeout=None)
+
+    @app.job(queue="bulk")
+    async def noop(ctx: nj.JobContext, n: int) -> None:
+        pass
+
+    settings = nj.RuntimeSettings(
+        keep_completed=10, retention_interval=100, heartbeat_interval=100, rescue_after=300, rescue_interval=300
+    )
+    backend = make_backend()
+    calls = []
+    delete_finished = backend.delete_finished
+
+    async def counted(before, limit):
+        deleted = await delete_finished(before, limit)
+        calls.append((limit, deleted))
+        return deleted
+
+    backend.delete_finished = counted
+    async with nj.open_runtime(app, backend=backend, settings=settings) as rt:
+        ids = await noop.enqueue_many([{"n": n} for n in range(130)])
+        for job_id in ids:
+            assert (await rt.wait(job_id, timeout=50)).done
+        await trio.sleep(150)  # retention at +100 finds the backlog
+        assert (await rt.stats())["bulk"].completed == 0
+    # four calls of at most 40 each (the last short one ends the sweep), none larger
+    assert calls[:4] == [(40, 40), (40, 40), (40, 40), (40, 10)]
