@@ -1,6 +1,8 @@
 """The PostgreSQL driver bridge comparison: how fast, and whether Trio cancellation is honoured.
 
-For each bridge (see ``baselines/pg_bridge.py`` for what each one is), it measures claim +
+For each bridge (see ``baselines/pg_bridge.py`` for what each one is: the sync ceiling, a bare
+thread hop, the runtime's former thread bridge, trio-asyncio, and infra's Trio-native bridge that
+the runtime uses now), it measures claim +
 complete round trips -- a claim statement and a completion statement, each its own autocommit
 transaction and its own call through the bridge, on one connection -- at k = 1 (one row per
 round trip: the cost of the bridge itself) and k = 100 (rows per second: the cost the runtime's
@@ -10,8 +12,8 @@ ratios. Every variant gets a table refilled to the same state before it runs.
 
 Then, per bridge: a ``SELECT pg_sleep(10)`` cancelled from Trio after 0.2 s (``move_on_after``)
 must return promptly (<= 1 s) and leave the connection usable (``SELECT 1`` answers). The bare
-``trio.to_thread.run_sync`` row shows why infra needs more than the bare hop: it is reported, not
-judged.
+``trio.to_thread.run_sync`` row shows why a thread bridge needs more than the bare hop: it is
+reported, not judged.
 
 And the import-order note: in a fresh interpreter, psycopg imported before trio_asyncio makes
 an async psycopg call under trio-asyncio fail ("no running event loop"); the table reports
@@ -58,13 +60,14 @@ __all__ = ["Figures", "Sizes", "main"]
 
 SCHEMA = "nj_raw"
 CANCEL_BOUND_S = 1.0
-JUDGED_CANCEL = ("infra", "trio_asyncio", "trio_native")
+JUDGED_CANCEL = ("threads", "trio_asyncio", "infra", "infra_cached")
 LABELS = {
     "sync": "(c) sync psycopg, no Trio (ceiling)",
     "to_thread": "(a0) bare trio.to_thread.run_sync + sync",
-    "infra": "(a) infra PgPool.run: thread + cancel watcher",
+    "threads": "(a) former infra: thread + cancel watcher",
     "trio_asyncio": "(b) AsyncConnection via trio-asyncio",
-    "trio_native": "(d) AsyncConnection, Trio-native wait (prototype)",
+    "infra": "(d) infra PgPool.run: Trio-native waits",
+    "infra_cached": "(d') infra, cursor kept per statement",
 }
 
 

@@ -71,7 +71,13 @@ def test_postgres_throughput_quick_mode_runs() -> None:
 @pytest.mark.usefixtures("postgres_reachable")
 def test_bridge_quick_mode_runs() -> None:
     out = run_quick("bridge.py").stdout
-    for label in ("(a) infra PgPool.run", "(b) AsyncConnection via trio-asyncio", "(c) sync psycopg", "cancelled pg_sleep"):
+    for label in (
+        "(a) former infra: thread + cancel watcher",
+        "(b) AsyncConnection via trio-asyncio",
+        "(c) sync psycopg",
+        "(d) infra PgPool.run: Trio-native waits",
+        "cancelled pg_sleep",
+    ):
         assert label in out, out
 
 

@@ -13,14 +13,17 @@ The variants:
 * ``sync`` -- psycopg's sync API, no Trio at all: the ceiling.
 * ``to_thread`` -- the sync API, each statement run by ``trio.to_thread.run_sync`` (not
   abandoned): the bare thread hop.
-* ``infra`` -- ``nursery_jobs.infra.pg.PgPool.run``: what the runtime does (pool checkout, the
-  thread hop, and the cancel-watcher task that turns a Trio cancellation into a server-side
-  cancel).
+* ``threads`` -- the runtime's bridge until 2026-11-30 (``ThreadPool`` below, kept here as the
+  baseline it now is): pool checkout, the thread hop under a limiter, and a cancel-watcher task
+  per call that turns a Trio cancellation into a server-side cancel.
 * ``trio_asyncio`` -- psycopg's ``AsyncConnection`` on a trio-asyncio loop, each statement a
   ``trio_asyncio.aio_as_trio`` call.
-* ``trio_native`` -- a prototype, not a recommendation yet: psycopg's ``AsyncConnection`` with its
-  ``wait`` (the one place it blocks) replaced by ``trio.lowlevel.wait_readable`` /
-  ``wait_writable``, so statements run on the Trio thread with no hop and no asyncio loop.
+* ``infra`` -- ``nursery_jobs.infra.pg.PgPool.run``: the runtime's bridge now. psycopg's
+  ``AsyncConnection`` whose waits are ``trio.lowlevel.wait_readable`` / ``wait_writable`` on the
+  Trio thread (no thread hop, no asyncio loop), a new cursor per statement like every other
+  variant here.
+* ``infra_cached`` -- the same, with the statement on a cursor the connection keeps
+  (``TrioConnection.cached_cursor``), which is how the PostgreSQL backend calls it.
 
 Import order: trio_asyncio is imported before psycopg here (psycopg binds
 ``asyncio.get_running_loop`` at import; the other order makes every async psycopg call under
@@ -33,19 +36,23 @@ from __future__ import annotations
 import select
 import sys
 import time
-from typing import Any, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 _PSYCOPG_FIRST = "psycopg" in sys.modules and "trio_asyncio" not in sys.modules
 
 import trio_asyncio  # noqa: E402  (must precede psycopg)
 
+import outcome  # noqa: E402
 import psycopg  # noqa: E402
 import trio  # noqa: E402
-from psycopg import pq, sql  # noqa: E402
+from psycopg import sql  # noqa: E402
 
-__all__ = ["VARIANTS", "CancelCheck", "check_cancel", "claim_sql", "complete_sql", "import_order_ok", "measure"]
+__all__ = ["VARIANTS", "CancelCheck", "ThreadPool", "check_cancel", "claim_sql", "complete_sql", "import_order_ok", "measure"]
 
-VARIANTS = ("sync", "to_thread", "infra", "trio_asyncio", "trio_native")
+VARIANTS = ("sync", "to_thread", "threads", "trio_asyncio", "infra", "infra_cached")
+
+T = TypeVar("T")
 
 
 def import_order_ok() -> bool:
@@ -83,100 +90,101 @@ async def _async_stmt(conn: psycopg.AsyncConnection[Any], query: Any, params: An
     return await cur.fetchall() if cur.description is not None else []
 
 
-# -- the Trio-native prototype ----------------------------------------------------------------------
-
-_WAIT_R = int(psycopg.waiting.WAIT_R)
-_WAIT_W = int(psycopg.waiting.WAIT_W)
-_READY_R = psycopg.waiting.READY_R
-_READY_W = psycopg.waiting.READY_W
-_READY_NONE = psycopg.waiting.READY_NONE
+async def _cached_stmt(conn: Any, query: Any, params: Any) -> list[tuple[Any, ...]]:
+    cur = conn.cached_cursor(query)
+    await cur.execute(query, params)
+    return await cur.fetchall() if cur.description is not None else []
 
 
-def _poll(fileno: int, s: int) -> Any:
-    rl, wl, _ = select.select([fileno] if s & _WAIT_R else [], [fileno] if s & _WAIT_W else [], [], 0)
-    if rl and wl:
-        return psycopg.waiting.READY_RW
-    if rl:
-        return _READY_R
-    if wl:
-        return _READY_W
-    return _READY_NONE
+# -- the runtime's former bridge: sync psycopg on a thread per call ------------------------------------
 
 
-async def _wait_fd(fileno: int, s: int) -> None:
-    if s & _WAIT_R:
-        await trio.lowlevel.wait_readable(fileno)
-    else:
-        await trio.lowlevel.wait_writable(fileno)
+class ThreadPool:
+    """The thread bridge ``nursery_jobs.infra.pg`` used until 2026-11-30, as it was: sync
+    connections, a `CapacityLimiter`, each call on a worker thread that is never abandoned, and
+    a watcher task per call that sends a server-side cancel when the caller is cancelled."""
 
+    def __init__(self, conninfo: str, *, size: int, acquire_timeout: float = 10.0) -> None:
+        self.conninfo = conninfo
+        self._acquire_timeout = acquire_timeout
+        self._limiter = trio.CapacityLimiter(size)
+        self._idle: list[psycopg.Connection[Any]] = []
 
-class TrioConnection(psycopg.AsyncConnection[Any]):
-    """psycopg's AsyncConnection, waiting through Trio instead of asyncio (prototype).
-
-    Every statement runs on the Trio thread: the generator psycopg drives is fed by
-    ``trio.lowlevel.wait_readable`` / ``wait_writable``. On cancellation it sends the server a
-    cancel request, keeps draining the statement (shielded, at most 5 s), and re-raises, so the
-    connection is usable afterwards. Limits of the prototype: an ``RW`` wait whose socket is
-    neither readable nor writable waits for readable only (fine for short statements on a local
-    socket; a real version would wait for either); connecting goes through a thread.
-    """
-
-    @classmethod
-    async def connect_trio(cls, conninfo: str) -> TrioConnection:
-        def blocking() -> pq.abc.PGconn:
-            pgconn = pq.PGconn.connect(conninfo.encode())
-            if pgconn.status != pq.ConnStatus.OK:
-                message = pgconn.get_error_message()
-                pgconn.finish()
-                raise psycopg.OperationalError(message)
-            return pgconn
-
-        pgconn = await trio.to_thread.run_sync(blocking)
-        conn = cls(pgconn)
-        await conn.set_autocommit(True)
-        return conn
-
-    async def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:  # type: ignore[override]
-        fileno = self.pgconn.socket
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.Connection[Any]]:
+        with trio.fail_after(self._acquire_timeout):
+            await self._limiter.acquire()
         try:
-            s = next(gen)
-        except StopIteration as ex:
-            await trio.lowlevel.checkpoint()
-            return ex.value
-        cancelled: BaseException | None = None
-        drain_deadline = 0.0
-        while True:
-            ready = _poll(fileno, s)
-            if not ready:
-                if cancelled is None:
-                    try:
-                        await _wait_fd(fileno, s)
-                    except trio.Cancelled as exc:
-                        cancelled = exc
-                        drain_deadline = trio.current_time() + 5.0
-                        if self.pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
-                            cancel = self.pgconn.get_cancel()
-                            with trio.CancelScope(shield=True):
-                                await trio.to_thread.run_sync(cancel.cancel)
-                        continue
-                else:
-                    # Cancelled already: let the statement finish (shielded), but not forever.
-                    with trio.CancelScope(shield=True, deadline=drain_deadline) as drain:
-                        await _wait_fd(fileno, s)
-                    if drain.cancelled_caught:
-                        self.pgconn.finish()  # the server did not stop it: the connection is lost
-                        raise cancelled
-                ready = _poll(fileno, s) or (_READY_R if s & _WAIT_R else _READY_W)
+            conn = None
+            while self._idle:
+                candidate = self._idle.pop()
+                if _looks_alive(candidate):
+                    conn = candidate
+                    break
+                candidate.close()
+            if conn is None:
+                conn = await trio.to_thread.run_sync(
+                    lambda: psycopg.connect(self.conninfo, autocommit=True), abandon_on_cancel=False
+                )
             try:
-                s = gen.send(ready)
-            except StopIteration as ex:
-                if cancelled is not None:
-                    raise cancelled
-                return ex.value
-            except psycopg.errors.QueryCanceled:
-                if cancelled is not None:
-                    raise cancelled from None
-                raise
+                yield conn
+            finally:
+                if conn.broken or conn.closed:
+                    conn.close()
+                else:
+                    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                        with trio.CancelScope(shield=True):
+                            await trio.to_thread.run_sync(conn.rollback, abandon_on_cancel=False)
+                    self._idle.append(conn)
+        finally:
+            self._limiter.release()
+
+    async def run(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        async with self.connection() as conn:
+            return await _call_cancellable(conn, fn)
+
+    async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+def _looks_alive(conn: psycopg.Connection[Any]) -> bool:
+    if conn.closed or conn.broken:
+        return False
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return False
+    return not readable
+
+
+async def _call_cancellable(conn: psycopg.Connection[Any], fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+    finished = False
+
+    async def cancel_on_cancellation() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            if not finished:
+                with trio.CancelScope(shield=True), trio.move_on_after(5):
+                    await trio.to_thread.run_sync(_cancel_quietly, conn, abandon_on_cancel=False)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(cancel_on_cancellation, name="cancel-watcher")
+        with trio.CancelScope(shield=True):
+            result = await outcome.acapture(trio.to_thread.run_sync, fn, conn)
+        finished = True
+        nursery.cancel_scope.cancel()
+    value: T = result.unwrap()
+    return value
+
+
+def _cancel_quietly(conn: psycopg.Connection[Any]) -> None:
+    try:
+        conn.cancel_safe(timeout=5.0)
+    except Exception:
+        pass
 
 
 # -- the runs ---------------------------------------------------------------------------------------
@@ -192,7 +200,7 @@ def _loop_trips(claim: Callable[[int], list[tuple[Any, ...]]], complete: Callabl
 
 
 async def _trips(stmt: Callable[[Any, Any], Awaitable[list[tuple[Any, ...]]]], schema: str, k: int, trips: int) -> tuple[float, float, int]:
-    claim, complete = claim_sql(schema), complete_sql(schema)
+    claim, complete = claim_sql(schema).as_bytes(None), complete_sql(schema).as_bytes(None)
     await stmt("SELECT 1", None)
     cpu = time.process_time()
     started = time.perf_counter()
@@ -213,18 +221,16 @@ async def _with_stmt(variant: str, url: str, body: Callable[[Stmt], Awaitable[An
                 return await trio.to_thread.run_sync(_sync_stmt, conn, query, params, abandon_on_cancel=False)
 
             return await body(stmt)
-    if variant == "infra":
-        from nursery_jobs.infra.pg import PgPool
-
-        pool = PgPool(url, size=2)
+    if variant == "threads":
+        tpool = ThreadPool(url, size=2)
         try:
 
             async def stmt(query: Any, params: Any) -> list[tuple[Any, ...]]:
-                return await pool.run(lambda c: _sync_stmt(c, query, params))
+                return await tpool.run(lambda c: _sync_stmt(c, query, params))
 
             return await body(stmt)
         finally:
-            await pool.close()
+            await tpool.close()
     if variant == "trio_asyncio":
         async with trio_asyncio.open_loop():
             aconn = await trio_asyncio.aio_as_trio(psycopg.AsyncConnection.connect)(url, autocommit=True)
@@ -237,16 +243,19 @@ async def _with_stmt(variant: str, url: str, body: Callable[[Stmt], Awaitable[An
                 return await body(stmt)
             finally:
                 await trio_asyncio.aio_as_trio(aconn.close)()
-    if variant == "trio_native":
-        tconn = await TrioConnection.connect_trio(url)
+    if variant in ("infra", "infra_cached"):
+        from nursery_jobs.infra.pg import PgPool
+
+        pool = PgPool(url, size=2)
+        one = _cached_stmt if variant == "infra_cached" else _async_stmt
         try:
 
             async def stmt(query: Any, params: Any) -> list[tuple[Any, ...]]:
-                return await _async_stmt(tconn, query, params)
+                return await pool.run(lambda c: one(c, query, params))
 
             return await body(stmt)
         finally:
-            await tconn.close()
+            await pool.close()
     raise ValueError(f"unknown bridge variant {variant!r}")
 
 
@@ -255,7 +264,7 @@ def measure(variant: str, url: str, schema: str, k: int, trips: int) -> tuple[fl
     through `variant`; client CPU is the whole process's, every thread. The table must hold at
     least ``k * trips`` claimable rows of queue ``bench``."""
     if variant == "sync":
-        claim, complete = claim_sql(schema), complete_sql(schema)
+        claim, complete = claim_sql(schema).as_bytes(None), complete_sql(schema).as_bytes(None)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("SELECT 1")
             cpu = time.process_time()

@@ -1,21 +1,57 @@
-"""The PostgreSQL driver bridge: psycopg 3's sync API on Trio, and the one LISTEN connection.
+"""The PostgreSQL driver bridge: psycopg 3 on Trio's own I/O, a pool, and the one LISTEN connection.
 
-Why threads and not trio-asyncio with psycopg's async API: measured here (benchmarks/RESULTS.md,
-"bridge"), a round trip through a thread costs less than one through trio-asyncio, and at the
-batch sizes the runtime uses the two are within noise. Both honour cancellation, but the thread
-path does it without an asyncio loop per process. trio-asyncio stays the bridge for asyncio job
-handlers (`infra.aio`).
+The bridge. `TrioConnection` is psycopg's `AsyncConnection` with the one place where psycopg
+blocks -- `wait()`, which drives psycopg's I/O generators -- done by Trio:
+`trio.lowlevel.wait_readable` / `wait_writable` on the connection's socket, on the Trio thread,
+with no worker thread and no asyncio loop. When psycopg asks for "readable or writable" (while it
+sends a message larger than the socket buffer), one Trio wait covers both: on an epoll set
+holding just that socket (on platforms without epoll, two waits in a small nursery). Connecting
+is done the same way (libpq's `connect_start` / `connect_poll`, `connect_timeout` honoured), and
+so is a server-side cancel request (libpq's non-blocking cancel connection).
 
-Queries. Each call runs a plain function on a worker thread under the pool's limiter and is never
-abandoned. Cancellation is honoured all the same: while the thread runs, a watcher task waits on
-the caller's cancel scope; if the caller is cancelled it asks the server to cancel the running
-statement (`cancel_safe`), the thread returns promptly with `QueryCanceled`, and the caller sees
-`trio.Cancelled`. The connection is rolled back if it was left in a transaction, and discarded if
-it is broken, so a cancelled call never hands a dirty connection to the next caller.
+Why this and not the two options the issue named (psycopg's sync API through the thread limiter,
+or its async API through trio-asyncio): measured in benchmarks/RESULTS.md ("Bridge"), both cost
+~1.4-1.8 ms of client CPU per claim + complete round trip and reach 0.41-0.47 of sync psycopg's
+round-trip rate; this bridge reaches 0.90-0.96 of it at 1.2-1.35x its CPU (with the cursor kept
+per statement, as the backend calls it), and honours cancellation as well. trio-asyncio stays the bridge for asyncio job handlers
+(`infra.aio`).
 
-Pool. A bounded set of autocommit connections, opened lazily, checked out with a bounded wait.
-psycopg_pool is not used: its sync pool runs maintenance threads outside the runtime's task tree,
-and its async pool needs an asyncio loop.
+What in `AsyncConnection` touches asyncio, and what replaces it here: `wait()` (above);
+`connect()` (its DNS lookup and connect loop run on asyncio: replaced by `connect()` below);
+`cancel_safe()` (replaced); the connection's `lock`, an `asyncio.Lock` (replaced by a Trio lock
+that costs nothing uncontended). Everything else (cursors, COPY with the default writer,
+transactions, pipelines) only awaits `wait()` and the lock. Tests run it under plain
+`trio.run`, with no asyncio loop at all.
+
+Cancellation. A call waits only in Trio waits, so a cancelled caller stops waiting at once. If
+a statement was in flight, the bridge sends the server a cancel request and drains the
+connection at libpq's level (shielded, at most `DRAIN_TIMEOUT` seconds): it finishes sending what
+libpq holds, ends a COPY FROM STDIN with an error, and reads results until the connection is
+idle. It never resumes psycopg's generator, which could send more after the cancel request was
+spent (the execute that follows a prepare). Then it re-raises `Cancelled`. If the server does not
+stop in time, the connection is closed. Either way no connection is handed to the next caller
+dirty: the pool rolls back a transaction left open and discards a connection that is closed,
+still busy, or whose rollback failed.
+
+Blocking mode (`blocking=True`), for deterministic tests only. `trio.testing.MockClock` with
+`autojump_threshold=0` jumps virtual time whenever every task is blocked, and a task waiting for
+a socket looks blocked: virtual time would jump while a query runs. In blocking mode every wait
+is a blocking poll on the Trio thread (psycopg's own `waiting.wait`), followed by a Trio
+checkpoint, and connecting blocks too: the loop never sees I/O as idleness. The price is that a
+query cannot be cancelled while it runs (cancellation takes effect at the next checkpoint) and
+the whole loop stalls for each round trip. The LISTEN connection connects and subscribes
+blocking too, but waits for notifications with a Trio wait (it waits indefinitely). Never use
+it in production.
+
+Pool. A bounded set of autocommit connections, opened lazily, checked out without a wait while
+one is free (a bounded wait otherwise), most recently used first. A connection that died while
+idle is found by a zero-timeout poll of its socket at checkout and replaced. `run(fn,
+durable=False)` asks for a session with `synchronous_commit = off`, for writes whose loss in a
+server crash is harmless (claims, heartbeats). A connection keeps its mode; while the pool has
+room each mode gets connections of its own, and only a full pool switches one (`SET
+synchronous_commit = off`, or `RESET` back to whatever the server configures). psycopg_pool is
+not used: its sync pool runs maintenance threads outside the runtime's task tree, and its async
+pool needs an asyncio loop.
 
 Listener. One dedicated connection per process LISTENs; Trio waits for its socket to become
 readable (no thread, no polling) and hands each notification to a callback. If the connection
@@ -26,31 +62,436 @@ longer than a poll interval meanwhile).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
+import os
 import select
+import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable, Sequence, TypeVar
-
-import outcome
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 from . import aio as _aio  # noqa: F401  (trio_asyncio must be imported before psycopg)
 
 import psycopg  # noqa: E402
-from psycopg import sql  # noqa: E402
-import trio
+import trio  # noqa: E402
+from psycopg import pq, sql, waiting  # noqa: E402
+from psycopg.conninfo import conninfo_attempts, conninfo_to_dict, make_conninfo, timeout_from_conninfo  # noqa: E402
+from psycopg.rows import tuple_row  # noqa: E402
 
-from .owner import open_owner
+from .owner import open_owner  # noqa: E402
 
-__all__ = ["ConnectFailed", "PgPool", "listen", "psycopg", "sql"]
+__all__ = ["DRAIN_TIMEOUT", "ConnectFailed", "PgPool", "TrioConnection", "connect", "listen", "psycopg", "sql"]
 
 log = logging.getLogger("nursery_jobs")
 
 T = TypeVar("T")
 
+DRAIN_TIMEOUT = 5.0
+"""After a cancelled statement: how long the server gets to stop it before the connection is closed."""
+
+_WAIT_R = int(waiting.WAIT_R)
+_WAIT_W = int(waiting.WAIT_W)
+_READY_R = int(waiting.READY_R)
+_READY_W = int(waiting.READY_W)
+_ACTIVE = pq.TransactionStatus.ACTIVE
+_IDLE = pq.TransactionStatus.IDLE
+_POLL_OK = pq.PollingStatus.OK
+_POLL_READING = pq.PollingStatus.READING
+_POLL_WRITING = pq.PollingStatus.WRITING
+_POLL_FAILED = pq.PollingStatus.FAILED
+_BAD = pq.ConnStatus.BAD
+_SETTLED = (pq.TransactionStatus.IDLE, pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
+_PIPELINE_OFF = pq.PipelineStatus.OFF
+_COPY_IN = pq.ExecStatus.COPY_IN
+_COPY_OUT = pq.ExecStatus.COPY_OUT
+_COPY_BOTH = pq.ExecStatus.COPY_BOTH
+_MAX_CACHED_CURSORS = 64
+_BLOCKING_POLL_INTERVAL = 0.1  # blocking mode: how often a long wait looks for a closed socket / Ctrl-C
+_EPOLL = getattr(select, "epoll", None)
+_EPOLLIN = getattr(select, "EPOLLIN", 0)
+_EPOLLOUT = getattr(select, "EPOLLOUT", 0)
+_EPOLLERR_HUP = getattr(select, "EPOLLERR", 0) | getattr(select, "EPOLLHUP", 0)
+
 
 class ConnectFailed(psycopg.OperationalError):
     """No connection could be opened: nothing was sent, so any call may be retried."""
+
+
+class _Lock:
+    """The connection's lock (psycopg's is an `asyncio.Lock`). Free: taken without a checkpoint
+    (the wait that follows is one); held: the caller parks, and the holder hands the lock to the
+    first one parked when it leaves (first come, first served)."""
+
+    __slots__ = ("_held", "_lot")
+
+    def __init__(self) -> None:
+        self._held = False
+        self._lot = trio.lowlevel.ParkingLot()
+
+    async def __aenter__(self) -> None:
+        if not self._held:
+            self._held = True
+            return
+        await self._lot.park()  # woken only by __aexit__, which handed the lock over
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._lot:
+            self._lot.unpark()  # still held: now by the task just woken
+        else:
+            self._held = False
+
+
+class TrioConnection(psycopg.AsyncConnection[Any]):
+    """psycopg's `AsyncConnection`, waiting through Trio (see the module doc). Open it with
+    `connect()` (or `TrioConnection.connect`); use it from one task at a time."""
+
+    _blocking = False
+    _epoll: Any = None
+
+    def __init__(self, pgconn: pq.abc.PGconn, row_factory: Any = tuple_row) -> None:
+        super().__init__(pgconn, row_factory)
+        self.lock = _Lock()  # type: ignore[assignment]
+        self._cursors: dict[object, psycopg.AsyncCursor[Any]] = {}
+
+    def cached_cursor(self, key: object) -> psycopg.AsyncCursor[Any]:
+        """A cursor kept for `key` (e.g. the statement it runs) and reused by later calls with the
+        same key: creating a psycopg cursor per statement costs more than the round trip's own
+        client work. For a fixed set of statements only; one caller at a time."""
+        cur = self._cursors.get(key)
+        if cur is None:
+            if len(self._cursors) >= _MAX_CACHED_CURSORS:
+                self._cursors.clear()
+            cur = self._cursors[key] = self.cursor()
+        return cur
+
+    @property
+    def blocking(self) -> bool:
+        """Whether every wait blocks the Trio thread (deterministic tests only)."""
+        return self._blocking
+
+    @classmethod
+    async def connect(  # type: ignore[override]
+        cls, conninfo: str = "", *, autocommit: bool = False, blocking: bool = False, **kwargs: Any
+    ) -> TrioConnection:
+        """Like `AsyncConnection.connect`, with no asyncio: see `connect()`."""
+        return await connect(conninfo, autocommit=autocommit, blocking=blocking, **kwargs)
+
+    # -- waiting --
+
+    async def wait(self, gen: Any, interval: float | None = None, timeout: float | None = None) -> Any:
+        """Drive psycopg's generator `gen` to its end, waiting through Trio.
+
+        `timeout` (used by psycopg's `notifies()`) raises psycopg's wait-timeout error; any other
+        cancellation is handled as in the module doc.
+        """
+        if timeout is not None:
+            with trio.move_on_after(timeout):
+                return await self.wait(gen)
+            raise _wait_timeout()
+        if self._blocking:
+            return await self._wait_blocking(gen)
+        await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled caller sends nothing
+        try:
+            s = next(gen)
+        except StopIteration as ex:
+            # Done without waiting (COPY data buffered, a setting changed): still a schedule
+            # point, so a long COPY cannot starve the other tasks.
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return ex.value
+        fileno = self.pgconn.socket
+        try:
+            while True:
+                if s == _WAIT_R:
+                    await trio.lowlevel.wait_readable(fileno)
+                    s = gen.send(_READY_R)
+                elif s == _WAIT_W:
+                    await trio.lowlevel.wait_writable(fileno)
+                    s = gen.send(_READY_W)
+                else:
+                    s = gen.send(await self._wait_rw(fileno))
+        except StopIteration as ex:
+            return ex.value
+        except trio.Cancelled:
+            await self._stop_after_cancel(gen)
+            raise
+
+    async def _wait_blocking(self, gen: Any) -> Any:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            result = waiting.wait(gen, self.pgconn.socket, interval=_BLOCKING_POLL_INTERVAL)
+        finally:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        return result
+
+    async def _wait_rw(self, fileno: int) -> int:
+        """Wait until the socket is readable or writable (psycopg asks for either while it sends
+        a large message: the server may need to be read from before it accepts more)."""
+        if _EPOLL is None:
+            return await _wait_rw_with_tasks(fileno)
+        ep = self._epoll
+        if ep is None:
+            # An epoll set holding just this socket: Trio waits for *it* to become readable,
+            # which it does when the socket is readable or writable. One task, one wait.
+            ep = self._epoll = _EPOLL()
+            ep.register(fileno, _EPOLLIN | _EPOLLOUT)
+        while True:
+            ready = 0
+            for _fd, events in ep.poll(0):
+                if events & (_EPOLLIN | _EPOLLERR_HUP):
+                    ready |= _READY_R
+                if events & _EPOLLOUT:
+                    ready |= _READY_W
+            if ready:
+                return ready
+            await trio.lowlevel.wait_readable(ep.fileno())
+
+    async def _stop_after_cancel(self, gen: Any) -> None:
+        """The caller was cancelled while `gen` waited. If a statement is in flight, ask the
+        server to cancel it and drain the connection (shielded, bounded) so it is back to a
+        known state, or close it. The caller re-raises `Cancelled` afterwards.
+
+        The drain reads what the server sends at libpq's level and never resumes `gen`:
+        resuming it could send more (the execute that follows a prepare, the next COPY block)
+        after the cancel request was already spent."""
+        pgconn = self.pgconn
+        try:
+            gen.close()
+        except Exception:
+            pass
+        if pgconn.transaction_status != _ACTIVE:
+            return  # nothing in flight (a LISTEN-style wait): nothing to stop
+        if pgconn.pipeline_status != _PIPELINE_OFF:
+            self.close_now()  # results of a pipeline cannot be drained blindly
+            return
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + DRAIN_TIMEOUT
+            try:
+                await self._send_cancel()
+            except Exception:
+                log.debug("could not send a cancel request; draining the statement anyway", exc_info=True)
+            try:
+                await self._drain()
+            except (psycopg.Error, OSError):
+                pass  # the connection broke: closed below
+        if scope.cancelled_caught or pgconn.transaction_status not in _SETTLED:
+            log.warning("a cancelled statement did not stop within %g s: closing its connection", DRAIN_TIMEOUT)
+            self.close_now()
+
+    async def _drain(self) -> None:
+        """Finish sending what libpq holds, then read results until the connection is idle; a
+        COPY FROM STDIN in progress is ended with an error (the server rolls it back)."""
+        pgconn = self.pgconn
+        fileno = pgconn.socket
+        while True:
+            while pgconn.flush():
+                if await self._wait_rw(fileno) & _READY_R:
+                    pgconn.consume_input()
+            if pgconn.is_busy():
+                await trio.lowlevel.wait_readable(fileno)
+                pgconn.consume_input()
+                continue
+            result = pgconn.get_result()
+            if result is None:
+                return
+            if result.status == _COPY_IN:
+                while not pgconn.put_copy_end(b"cancelled"):
+                    await trio.lowlevel.wait_writable(fileno)
+            elif result.status in (_COPY_OUT, _COPY_BOTH):
+                raise psycopg.OperationalError("cannot drain a COPY TO after a cancellation")
+
+    async def _send_cancel(self) -> None:
+        pgconn = self.pgconn
+        if psycopg.capabilities.has_cancel_safe():
+            cancel = pgconn.cancel_conn()
+            try:
+                cancel.start()
+                while True:
+                    status = cancel.poll()
+                    if status == _POLL_OK:
+                        return
+                    if status == _POLL_READING:
+                        await trio.lowlevel.wait_readable(cancel.socket)
+                    elif status == _POLL_WRITING:
+                        await trio.lowlevel.wait_writable(cancel.socket)
+                    else:
+                        raise psycopg.OperationalError(f"cancellation failed: {cancel.get_error_message()}")
+            finally:
+                cancel.finish()
+        else:  # libpq < 17 has only the blocking cancel call
+            await trio.to_thread.run_sync(pgconn.get_cancel().cancel, abandon_on_cancel=False)
+
+    async def cancel_safe(self, *, timeout: float = 30.0) -> None:
+        """Ask the server to cancel the statement running on this connection (a Trio wait)."""
+        if self.closed:
+            return
+        with trio.fail_after(timeout):
+            await self._send_cancel()
+
+    # -- closing --
+
+    def close_now(self) -> None:
+        """Close at once (no I/O but libpq's goodbye message)."""
+        self._closed = True
+        self._cursors.clear()
+        ep, self._epoll = self._epoll, None
+        if ep is not None:
+            ep.close()
+        self.pgconn.finish()
+
+    async def close(self) -> None:
+        self.close_now()
+
+
+async def _wait_rw_with_tasks(fileno: int) -> int:
+    """`_wait_rw` where Trio's I/O has no epoll: two waits in a small nursery, first one wins."""
+    r, w, _ = select.select([fileno], [fileno], [], 0)
+    if r or w:
+        return (_READY_R if r else 0) | (_READY_W if w else 0)
+    ready = 0
+
+    async def one(wait: Callable[[int], Awaitable[None]], flag: int, owner_scope: trio.CancelScope) -> None:
+        nonlocal ready
+        await wait(fileno)
+        ready |= flag
+        owner_scope.cancel()
+
+    try:
+        async with open_owner("pg-rw-wait") as owner:
+            owner.spawn(one, trio.lowlevel.wait_readable, _READY_R, owner.cancel_scope, name="readable")
+            owner.spawn(one, trio.lowlevel.wait_writable, _READY_W, owner.cancel_scope, name="writable")
+    except BaseExceptionGroup as group:
+        # The caller was cancelled: the children's Cancelled come back grouped. Re-raise one
+        # bare, so the caller's `except trio.Cancelled` sees it.
+        cancelled, rest = group.split(trio.Cancelled)
+        if rest is not None or cancelled is None:
+            raise
+        raise _first_leaf(cancelled) from None
+    return ready or _READY_R
+
+
+def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _wait_timeout() -> Exception:
+    cls: type[Exception] = getattr(psycopg.errors, "_WaitTimeout", psycopg.OperationalError)
+    return cls("wait timeout expired")
+
+
+# -- connecting --
+
+
+async def connect(
+    conninfo: str = "",
+    *,
+    autocommit: bool = False,
+    blocking: bool = False,
+    prepare_threshold: int | None = 5,
+    **kwargs: Any,
+) -> TrioConnection:
+    """Open a `TrioConnection` without a thread and without asyncio (libpq's non-blocking
+    connect, polled through Trio waits); `connect_timeout` (seconds, from `conninfo` or a keyword)
+    bounds each attempt, as in psycopg. Host names are resolved on a Trio worker thread (the
+    resolver blocks, and is not bounded by `connect_timeout`); IP addresses and socket paths need
+    no lookup. With `blocking`, everything
+    blocks the Trio thread instead (see the module doc). Raises `psycopg.ProgrammingError` for a
+    malformed conninfo and `psycopg.OperationalError` when no attempt succeeds."""
+    params = conninfo_to_dict(conninfo, **kwargs)
+    timeout = timeout_from_conninfo(params)
+    if blocking or not _needs_lookup(params):
+        attempts = conninfo_attempts(params)
+    else:
+        # getaddrinfo blocks: on a worker thread, never abandoned (the library's rule), so a
+        # caller cancelled during the lookup waits for the resolver's own timeout.
+        attempts = await trio.to_thread.run_sync(conninfo_attempts, params)
+    errors: list[psycopg.Error] = []
+    pgconn = None
+    for attempt in attempts:
+        try:
+            pgconn = await _connect_one(make_conninfo("", **attempt), timeout, blocking)
+            break
+        except psycopg.Error as exc:
+            errors.append(exc)
+    if pgconn is None:
+        if len(errors) == 1:
+            raise errors[0].with_traceback(None)
+        raise type(errors[-1])(
+            "\n".join([str(errors[-1]), "Multiple connection attempts failed. All failures were:"] + [f"- {e}" for e in errors])
+        )
+    conn = TrioConnection(pgconn)
+    conn._blocking = blocking
+    conn.prepare_threshold = prepare_threshold
+    await conn.set_autocommit(autocommit)  # no I/O on a new connection
+    return conn
+
+
+def _needs_lookup(params: dict[str, Any]) -> bool:
+    """Whether psycopg's `conninfo_attempts` would call the (blocking) resolver."""
+    if params.get("hostaddr") or os.environ.get("PGHOSTADDR"):
+        return False
+    hosts = str(params.get("host") or os.environ.get("PGHOST") or "")
+    for host in hosts.split(","):
+        if not host or host.startswith("/") or host.startswith("@") or host[1:2] == ":":
+            continue
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            return True
+    return False
+
+
+async def _connect_one(conninfo: str, timeout: float, blocking: bool) -> pq.abc.PGconn:
+    pgconn = pq.PGconn.connect_start(conninfo.encode())
+    try:
+        if blocking:
+            _poll_connect_blocking(pgconn, time.monotonic() + timeout)
+        else:
+            with trio.move_on_after(timeout) as scope:
+                while True:
+                    status = _connect_poll(pgconn)
+                    if status == _POLL_OK:
+                        break
+                    if status == _POLL_READING:
+                        await trio.lowlevel.wait_readable(pgconn.socket)
+                    else:
+                        await trio.lowlevel.wait_writable(pgconn.socket)
+            if scope.cancelled_caught:
+                raise psycopg.errors.ConnectionTimeout("connection timeout expired")
+    except BaseException:
+        pgconn.finish()
+        raise
+    pgconn.nonblocking = 1
+    return pgconn
+
+
+def _connect_poll(pgconn: pq.abc.PGconn) -> int:
+    if pgconn.status == _BAD:
+        raise psycopg.OperationalError(f"connection is bad: {pgconn.get_error_message()}")
+    status = pgconn.connect_poll()
+    if status == _POLL_FAILED:
+        raise psycopg.OperationalError(f"connection failed: {pgconn.get_error_message()}")
+    if status not in (_POLL_OK, _POLL_READING, _POLL_WRITING):
+        raise psycopg.InternalError(f"unexpected poll status: {status}")
+    return int(status)
+
+
+def _poll_connect_blocking(pgconn: pq.abc.PGconn, deadline: float) -> None:
+    while (status := _connect_poll(pgconn)) != _POLL_OK:
+        fd = pgconn.socket
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise psycopg.errors.ConnectionTimeout("connection timeout expired")
+        if status == _POLL_READING:
+            select.select([fd], [], [], left)
+        else:
+            select.select([], [fd], [], left)
+
+
+# -- the pool --
 
 
 class PgPool:
@@ -64,85 +505,157 @@ class PgPool:
         acquire_timeout: float = 10.0,
         connect_timeout: float = 10.0,
         statement_timeout: float = 30.0,
+        blocking: bool = False,
     ) -> None:
         self.conninfo = conninfo
         self.size = size
+        self.blocking = blocking
+        """Every wait blocks the Trio thread: for deterministic tests only (see the module doc)."""
         self._acquire_timeout = acquire_timeout
         self._connect_timeout = connect_timeout
         self._statement_timeout = statement_timeout
-        self._limiter = trio.CapacityLimiter(size)
-        self._idle: list[psycopg.Connection[Any]] = []
+        self._slots = trio.Semaphore(size)
+        self._idle: list[TrioConnection] = []
         self._closed = False
         self.checked_out = 0
-        self._pids: dict[psycopg.Connection[Any], int] = {}
-
-    def _connect(self) -> psycopg.Connection[Any]:
-        conn = self._connect_raw()
-        self._pids[conn] = conn.info.backend_pid
-        return conn
+        self._pids: dict[TrioConnection, int] = {}
+        self._pid_set: frozenset[int] = frozenset()
+        self._async_commit: set[TrioConnection] = set()
 
     @property
-    def backend_pids(self) -> set[int]:
+    def backend_pids(self) -> frozenset[int]:
         """Server pids of this pool's open connections: the listener drops their NOTIFY echoes."""
-        return set(self._pids.values())
+        return self._pid_set
 
-    def _drop(self, conn: psycopg.Connection[Any]) -> None:
-        self._pids.pop(conn, None)
-        conn.close()
-
-    def _connect_raw(self) -> psycopg.Connection[Any]:
-        conn = psycopg.connect(
-            self.conninfo,
-            autocommit=True,
-            connect_timeout=max(1, math.ceil(self._connect_timeout)),
-            options=f"-c statement_timeout={int(self._statement_timeout * 1000)}",
-        )
-        return conn
-
-    async def _open(self) -> psycopg.Connection[Any]:
+    async def _open(self, durable: bool) -> TrioConnection:
         try:
-            return await trio.to_thread.run_sync(self._connect, abandon_on_cancel=False)
+            conn = await connect(
+                self.conninfo,
+                autocommit=True,
+                blocking=self.blocking,
+                connect_timeout=max(1, math.ceil(self._connect_timeout)),
+                options=f"-c statement_timeout={int(self._statement_timeout * 1000)}",
+            )
         except psycopg.OperationalError as exc:
             raise ConnectFailed(str(exc)) from exc
+        self._pids[conn] = conn.pgconn.backend_pid
+        self._pid_set = frozenset(self._pids.values())
+        if not durable:
+            # A SET, not a startup option: RESET must find the server's own setting later.
+            try:
+                await self._switch(conn, durable)
+            except BaseException:
+                self._drop(conn)
+                raise
+        return conn
 
-    @asynccontextmanager
-    async def connection(self) -> AsyncIterator[psycopg.Connection[Any]]:
+    def _drop(self, conn: TrioConnection) -> None:
+        if self._pids.pop(conn, None) is not None:
+            self._pid_set = frozenset(self._pids.values())
+        self._async_commit.discard(conn)
+        conn.close_now()
+
+    async def _checkout(self, durable: bool) -> TrioConnection:
         if self._closed:
             raise psycopg.OperationalError("the pool is closed")
-        with trio.fail_after(self._acquire_timeout):
-            await self._limiter.acquire()
         try:
-            conn = None
-            while self._idle:
-                candidate = self._idle.pop()
-                if _looks_alive(candidate):
-                    conn = candidate
-                    break
-                self._drop(candidate)  # the server ended it while idle (restart, pg_terminate_backend)
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            with trio.fail_after(self._acquire_timeout):
+                await self._slots.acquire()
+        try:
+            conn = self._take_idle(durable)
             if conn is None:
-                conn = await self._open()
-            self.checked_out += 1
-            try:
-                yield conn
-            finally:
-                self.checked_out -= 1
-                if conn.broken or conn.closed or self._closed:
+                conn = await self._open(durable)
+            elif (conn in self._async_commit) == durable:
+                try:
+                    await self._switch(conn, durable)
+                except BaseException:
                     self._drop(conn)
-                else:
-                    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                        with trio.CancelScope(shield=True):
-                            await trio.to_thread.run_sync(_rollback_or_close, conn, abandon_on_cancel=False)
-                    if conn.closed:
-                        self._drop(conn)
-                    else:
-                        self._idle.append(conn)
-        finally:
-            self._limiter.release()
+                    raise
+        except BaseException:
+            self._slots.release()
+            raise
+        self.checked_out += 1
+        return conn
 
-    async def run(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
-        """``fn(conn)`` on a thread with a pooled connection; cancellable (see module doc)."""
-        async with self.connection() as conn:
-            return await call_cancellable(conn, fn)
+    def _take_idle(self, durable: bool) -> TrioConnection | None:
+        """The most recently used idle connection in the mode asked for (its socket and backend
+        are warm). None of that mode: a new one is opened while the pool has room; only a full
+        pool hands out one of the other mode (to be switched)."""
+        idle = self._idle
+        for i in range(len(idle) - 1, -1, -1):
+            conn = idle[i]
+            if (conn not in self._async_commit) == durable:
+                del idle[i]
+                if _looks_alive(conn):
+                    return conn
+                self._drop(conn)  # the server ended it while idle (restart, pg_terminate_backend)
+        while idle and len(self._pids) >= self.size:
+            conn = idle.pop()
+            if _looks_alive(conn):
+                return conn
+            self._drop(conn)
+        return None
+
+    async def _switch(self, conn: TrioConnection, durable: bool) -> None:
+        # Back to durable: RESET, i.e. whatever the server, database or role configures.
+        await conn.execute("RESET synchronous_commit" if durable else "SET synchronous_commit = off")
+        if durable:
+            self._async_commit.discard(conn)
+        else:
+            self._async_commit.add(conn)
+
+    async def _checkin(self, conn: TrioConnection) -> None:
+        try:
+            self.checked_out -= 1
+            if conn.closed or self._closed:
+                self._drop(conn)
+            elif conn.pgconn.transaction_status != _IDLE:
+                await self._clean(conn)
+            else:
+                self._idle.append(conn)
+        finally:
+            self._slots.release()
+
+    async def _clean(self, conn: TrioConnection) -> None:
+        """Roll back a transaction left open (shielded, bounded); drop the connection if it
+        is busy, broken, or the rollback fails."""
+        if conn.pgconn.transaction_status == _ACTIVE:  # a statement still in flight
+            self._drop(conn)
+            return
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + DRAIN_TIMEOUT
+            try:
+                await conn.rollback()
+            except psycopg.Error:
+                pass
+        if scope.cancelled_caught or conn.closed or conn.pgconn.transaction_status != _IDLE:
+            self._drop(conn)
+        else:
+            self._idle.append(conn)
+
+    @asynccontextmanager
+    async def connection(self, *, durable: bool = True) -> AsyncIterator[TrioConnection]:
+        """A pooled connection for the block (autocommit; rolled back if left in a transaction)."""
+        conn = await self._checkout(durable)
+        try:
+            yield conn
+        finally:
+            await self._checkin(conn)
+
+    async def run(self, fn: Callable[[TrioConnection], Awaitable[T]], *, durable: bool = True) -> T:
+        """``await fn(conn)`` with a pooled connection; cancellable (see the module doc).
+
+        `durable=False`: the session has ``synchronous_commit = off``, so a commit does not wait
+        for the WAL flush; a server crash may lose the last few milliseconds of such writes.
+        Only for writes whose loss is harmless (a lost claim makes its job claimable again).
+        """
+        conn = await self._checkout(durable)
+        try:
+            return await fn(conn)
+        finally:
+            await self._checkin(conn)
 
     async def close(self) -> None:
         self._closed = True
@@ -151,58 +664,19 @@ class PgPool:
             self._drop(conn)
 
 
-def _looks_alive(conn: psycopg.Connection[Any]) -> bool:
+def _looks_alive(conn: TrioConnection) -> bool:
     """An idle connection has nothing to read; if its socket is readable, the server sent a
-    goodbye (or closed it): one `select` with no wait, cheaper than a round trip."""
-    if conn.closed or conn.broken:
+    goodbye (or closed it): one poll with no wait, cheaper than a round trip."""
+    if conn.closed:
         return False
     try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+        readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
     except (OSError, ValueError, psycopg.Error):
         return False
     return not readable
 
 
-def _rollback_or_close(conn: psycopg.Connection[Any]) -> None:
-    try:
-        conn.rollback()
-    except psycopg.Error:
-        conn.close()
-
-
-async def call_cancellable(conn: psycopg.Connection[Any], fn: Callable[[psycopg.Connection[Any]], T]) -> T:
-    """Run ``fn(conn)`` on a thread; if the caller is cancelled meanwhile, cancel the statement
-    on the server, wait for the thread (it then returns promptly), and raise Cancelled."""
-    finished = False
-
-    async def cancel_on_cancellation() -> None:
-        try:
-            await trio.sleep_forever()
-        finally:
-            if not finished:
-                with trio.CancelScope(shield=True), trio.move_on_after(5):
-                    await trio.to_thread.run_sync(_cancel_quietly, conn, abandon_on_cancel=False)
-
-    async with open_owner("pg-call") as owner:
-        owner.spawn(cancel_on_cancellation, name="cancel-watcher")
-        with trio.CancelScope(shield=True):
-            result = await outcome.acapture(_in_thread, fn, conn)
-        finished = True
-        owner.cancel_scope.cancel()
-    # Reached only if the caller was not cancelled (leaving the owner raised Cancelled otherwise).
-    value: T = result.unwrap()
-    return value
-
-
-async def _in_thread(fn: Callable[[psycopg.Connection[Any]], T], conn: psycopg.Connection[Any]) -> T:
-    return await trio.to_thread.run_sync(fn, conn, abandon_on_cancel=False)
-
-
-def _cancel_quietly(conn: psycopg.Connection[Any]) -> None:
-    try:
-        conn.cancel_safe(timeout=5.0)
-    except Exception:
-        log.debug("could not cancel a running statement", exc_info=True)
+# -- the listener --
 
 
 async def listen(
@@ -212,17 +686,22 @@ async def listen(
     on_reconnect: Callable[[], None],
     *,
     max_backoff: float = 5.0,
+    blocking: bool = False,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """LISTEN on `channels` until cancelled, calling ``on_notify(channel, payload, sender_pid)`` per
     notification. Reports started once the first LISTEN is in place (or the first attempt
-    failed: start-up must not hang on an unreachable server; polling covers the gap)."""
+    failed: start-up must not hang on an unreachable server; polling covers the gap).
+    `blocking`: connect and subscribe blocking (see the module doc); notifications are still
+    awaited with a Trio wait."""
     backoff = 0.1
     started = False
     while True:
-        conn: psycopg.Connection[Any] | None = None
+        conn: TrioConnection | None = None
         try:
-            conn = await trio.to_thread.run_sync(_listen_connect, conninfo, channels, abandon_on_cancel=False)
+            conn = await connect(conninfo, autocommit=True, connect_timeout=10, blocking=blocking)
+            for channel in channels:
+                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
             if not started:
                 started = True
                 task_status.started()
@@ -240,22 +719,16 @@ async def listen(
             backoff = min(backoff * 2, max_backoff)
         finally:
             if conn is not None:
-                conn.close()
+                conn.close_now()
 
 
-def _listen_connect(conninfo: str, channels: Sequence[str]) -> psycopg.Connection[Any]:
-    conn = psycopg.connect(conninfo, autocommit=True, connect_timeout=10)
-    for channel in channels:
-        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-    return conn
-
-
-async def _pump(conn: psycopg.Connection[Any], on_notify: Callable[[str, str, int], None]) -> None:
+async def _pump(conn: TrioConnection, on_notify: Callable[[str, str, int], None]) -> None:
     pgconn = conn.pgconn
+    fileno = pgconn.socket
     while True:
-        await trio.lowlevel.wait_readable(conn.fileno())
+        await trio.lowlevel.wait_readable(fileno)
         pgconn.consume_input()  # raises OperationalError when the server went away
-        if pgconn.status != psycopg.pq.ConnStatus.OK:
+        if pgconn.status != pq.ConnStatus.OK:
             raise psycopg.OperationalError("LISTEN connection closed by the server")
         while (n := pgconn.notifies()) is not None:
             on_notify(n.relname.decode(), n.extra.decode(), n.be_pid)
