@@ -558,20 +558,19 @@ class PostgresBackend:
     async def cancel(self, job_id: int) -> JobState:
         now = self.now()
         q = self._q["cancel"]
-        row = await self._run(lambda c: _one(c, q, {"id": job_id, "now": now}))
+        params = {"id": job_id, "now": now, "channel": self._events_channel}
+        row = await self._run(lambda c: _one(c, q, params))
         if row is None:
             raise JobNotFound(f"no job with id {job_id} in {self.url}")
-        before, after, message = row
+        before, after, message, _notified = row
         state = JobState(after)
         if JobState(before).final:
             if self._faults.late_cancel_overwrites and before != "cancelled":
                 await self._run(lambda c: _exec(c, self._q["force_cancel"], (job_id,)))
             return JobState(before)
         if state is JobState.RUNNING:
-            await self._notify([job_id], [], "c")
             self._emit([CancelRequested(job_id)])
         else:
-            await self._notify([job_id], [], "f")
             self._emit([JobFinalized(job_id, JobState.CANCELLED, message)])
         return state
 
@@ -780,8 +779,13 @@ _QUERIES: dict[str, sql.SQL] = {
         "  cancel_requested = CASE WHEN cur.state = 'running' THEN true ELSE j.cancel_requested END,"
         "  finalized_at = CASE WHEN cur.state = 'running' THEN NULL ELSE %(now)s END"
         "  FROM cur WHERE j.id = cur.id AND cur.state NOT IN ('completed', 'discarded', 'cancelled')"
-        "  RETURNING j.id, j.state, j.errors -> -1 ->> 'message' AS message)"
-        " SELECT cur.state, coalesce(upd.state, cur.state), upd.message FROM cur LEFT JOIN upd ON upd.id = cur.id"
+        "  RETURNING j.id, j.state, j.errors -> -1 ->> 'message' AS message),"
+        # the wake-up rides in the same statement: one round trip, so a cancel either happened
+        # with its NOTIFY or not at all (cancel-atomic)
+        " n AS (SELECT pg_notify(%(channel)s, CASE WHEN upd.state = 'running' THEN 'c:' ELSE 'f:' END || upd.id)"
+        "  FROM upd)"
+        " SELECT cur.state, coalesce(upd.state, cur.state), upd.message, (SELECT count(*) FROM n)"
+        " FROM cur LEFT JOIN upd ON upd.id = cur.id"
     ),
     "force_cancel": sql.SQL("UPDATE {s}.jobs SET state = 'cancelled' WHERE id = %s"),
     "heartbeat": sql.SQL(

@@ -23,15 +23,17 @@ that costs nothing uncontended). Everything else (cursors, COPY with the default
 transactions, pipelines) only awaits `wait()` and the lock. Tests run it under plain
 `trio.run`, with no asyncio loop at all.
 
-Cancellation. A call waits only in Trio waits, so a cancelled caller stops waiting at once. If
-a statement was in flight, the bridge sends the server a cancel request and drains the
-connection at libpq's level (shielded, at most `DRAIN_TIMEOUT` seconds): it finishes sending what
-libpq holds, ends a COPY FROM STDIN with an error, and reads results until the connection is
-idle. It never resumes psycopg's generator, which could send more after the cancel request was
-spent (the execute that follows a prepare). Then it re-raises `Cancelled`. If the server does not
-stop in time, the connection is closed. Either way no connection is handed to the next caller
-dirty: the pool rolls back a transaction left open and discards a connection that is closed,
-still busy, or whose rollback failed.
+Cancellation. A call waits only in Trio waits, so a cancelled caller stops waiting at once,
+and a cancelled caller never sends anything. If a statement was in flight, the bridge sends the
+server a cancel request and follows the statement to its end (shielded, at most `DRAIN_TIMEOUT`
+seconds): if the server stopped it, the call raises `Cancelled` and nothing happened; if it had
+completed before the request arrived, the call returns its result (the caller's cancellation
+then takes effect at its next checkpoint), so a call that took effect is never reported as
+cancelled -- which keeps `enqueue` and `cancel` cancel-atomic. A statement psycopg sends after
+one that ended (the execute after a prepare) gets a cancel request of its own. If the server
+does not stop in time, the connection is closed. Either way no connection is handed to the next
+caller dirty: the pool rolls back a transaction left open and discards a connection that is
+closed, still busy (a COPY left half-way), or whose rollback failed.
 
 Blocking mode (`blocking=True`), for deterministic tests only. `trio.testing.MockClock` with
 `autojump_threshold=0` jumps virtual time whenever every task is blocked, and a task waiting for
@@ -101,11 +103,7 @@ _POLL_READING = pq.PollingStatus.READING
 _POLL_WRITING = pq.PollingStatus.WRITING
 _POLL_FAILED = pq.PollingStatus.FAILED
 _BAD = pq.ConnStatus.BAD
-_SETTLED = (pq.TransactionStatus.IDLE, pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 _PIPELINE_OFF = pq.PipelineStatus.OFF
-_COPY_IN = pq.ExecStatus.COPY_IN
-_COPY_OUT = pq.ExecStatus.COPY_OUT
-_COPY_BOTH = pq.ExecStatus.COPY_BOTH
 _MAX_CACHED_CURSORS = 64
 _BLOCKING_POLL_INTERVAL = 0.1  # blocking mode: how often a long wait looks for a closed socket / Ctrl-C
 _EPOLL = getattr(select, "epoll", None)
@@ -212,9 +210,8 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
                     s = gen.send(await self._wait_rw(fileno))
         except StopIteration as ex:
             return ex.value
-        except trio.Cancelled:
-            await self._stop_after_cancel(gen)
-            raise
+        except trio.Cancelled as cancelled:
+            return await self._finish_after_cancel(gen, s, cancelled)
 
     async def _wait_blocking(self, gen: Any) -> Any:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -246,59 +243,60 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
                 return ready
             await trio.lowlevel.wait_readable(ep.fileno())
 
-    async def _stop_after_cancel(self, gen: Any) -> None:
-        """The caller was cancelled while `gen` waited. If a statement is in flight, ask the
-        server to cancel it and drain the connection (shielded, bounded) so it is back to a
-        known state, or close it. The caller re-raises `Cancelled` afterwards.
+    async def _finish_after_cancel(self, gen: Any, s: int, cancelled: trio.Cancelled) -> Any:
+        """The caller was cancelled while `gen` waited in state `s`. If a statement is in
+        flight, ask the server to cancel it and keep driving `gen` (shielded, at most
+        `DRAIN_TIMEOUT`) to learn how it ended:
 
-        The drain reads what the server sends at libpq's level and never resumes `gen`:
-        resuming it could send more (the execute that follows a prepare, the next COPY block)
-        after the cancel request was already spent."""
+        - the server stopped it (`QueryCanceled`, or any error): it had no effect, so re-raise
+          `Cancelled`;
+        - it completed before the cancel request arrived: its effect stands, so its result is
+          returned and the caller's cancellation takes effect at its next checkpoint (a wait
+          starts with one, so nothing more is sent). Raising `Cancelled` here would report an
+          insert or a cancel that happened as one that did not: the public API is cancel-atomic.
+
+        A statement psycopg sends after one that ended (the execute that follows a prepare) is
+        sent a cancel request of its own. If the server does not answer in time, the connection
+        is closed (the pool never hands it out again) and `Cancelled` is raised."""
         pgconn = self.pgconn
-        try:
-            gen.close()
-        except Exception:
-            pass
         if pgconn.transaction_status != _ACTIVE:
-            return  # nothing in flight (a LISTEN-style wait): nothing to stop
+            gen.close()  # nothing in flight (a LISTEN-style wait): nothing to stop
+            raise cancelled
         if pgconn.pipeline_status != _PIPELINE_OFF:
-            self.close_now()  # results of a pipeline cannot be drained blindly
-            return
+            gen.close()
+            self.close_now()  # results of a pipeline cannot be followed blindly
+            raise cancelled
+        fileno = pgconn.socket
         with trio.CancelScope(shield=True) as scope:
             scope.deadline = trio.current_time() + DRAIN_TIMEOUT
+            asked = False
             try:
-                await self._send_cancel()
-            except Exception:
-                log.debug("could not send a cancel request; draining the statement anyway", exc_info=True)
-            try:
-                await self._drain()
+                while True:
+                    if not asked and pgconn.transaction_status == _ACTIVE:
+                        asked = True
+                        try:
+                            await self._send_cancel()
+                        except Exception:
+                            log.debug("could not send a cancel request; waiting for the statement", exc_info=True)
+                    if s == _WAIT_R:
+                        await trio.lowlevel.wait_readable(fileno)
+                        s = gen.send(_READY_R)
+                    elif s == _WAIT_W:
+                        await trio.lowlevel.wait_writable(fileno)
+                        s = gen.send(_READY_W)
+                    else:
+                        s = gen.send(await self._wait_rw(fileno))
+                    if pgconn.transaction_status != _ACTIVE:
+                        asked = False  # that statement ended: one sent after it is cancelled too
+            except StopIteration as ex:
+                return ex.value
             except (psycopg.Error, OSError):
-                pass  # the connection broke: closed below
-        if scope.cancelled_caught or pgconn.transaction_status not in _SETTLED:
+                pass  # stopped by the server, or failed anyway: no effect; a broken connection is dropped
+        if scope.cancelled_caught:
+            gen.close()
             log.warning("a cancelled statement did not stop within %g s: closing its connection", DRAIN_TIMEOUT)
             self.close_now()
-
-    async def _drain(self) -> None:
-        """Finish sending what libpq holds, then read results until the connection is idle; a
-        COPY FROM STDIN in progress is ended with an error (the server rolls it back)."""
-        pgconn = self.pgconn
-        fileno = pgconn.socket
-        while True:
-            while pgconn.flush():
-                if await self._wait_rw(fileno) & _READY_R:
-                    pgconn.consume_input()
-            if pgconn.is_busy():
-                await trio.lowlevel.wait_readable(fileno)
-                pgconn.consume_input()
-                continue
-            result = pgconn.get_result()
-            if result is None:
-                return
-            if result.status == _COPY_IN:
-                while not pgconn.put_copy_end(b"cancelled"):
-                    await trio.lowlevel.wait_writable(fileno)
-            elif result.status in (_COPY_OUT, _COPY_BOTH):
-                raise psycopg.OperationalError("cannot drain a COPY TO after a cancellation")
+        raise cancelled
 
     async def _send_cancel(self) -> None:
         pgconn = self.pgconn

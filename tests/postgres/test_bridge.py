@@ -372,6 +372,44 @@ async def test_a_large_message_is_sent_through_the_rw_wait(pg_url, monkeypatch, 
         await conn.close()
 
 
+async def test_a_statement_that_completes_before_the_cancel_arrives_reports_its_result(pg_url, monkeypatch):
+    # Cancel-atomic: an INSERT that committed is never reported as cancelled. The cancel request
+    # is made to arrive too late (stubbed out), as when the statement ends just as the caller
+    # is cancelled; the result comes back, and Cancelled waits for the next checkpoint.
+    conn = await pg.connect(pg_url, autocommit=True)
+    try:
+        await conn.execute("CREATE TEMP TABLE landed (x int)")
+
+        async def too_late(self: pg.TrioConnection) -> None:
+            pass
+
+        monkeypatch.setattr(pg.TrioConnection, "_send_cancel", too_late)
+        returned = None
+        with trio.CancelScope() as scope:
+            scope.deadline = trio.current_time() + 0.1
+            cur = await conn.execute("INSERT INTO landed SELECT 1 FROM pg_sleep(0.3) RETURNING x")
+            returned = await cur.fetchone()
+            await trio.lowlevel.checkpoint()
+            pytest.fail("the cancellation did not take effect at the next checkpoint")
+        assert returned == (1,), "the INSERT committed but the call raised Cancelled"
+        assert scope.cancelled_caught
+        assert await fetch(conn, "SELECT count(*) FROM landed") == [(1,)]
+    finally:
+        await conn.close()
+
+
+async def test_a_statement_the_server_stops_has_no_effect(pg_url):
+    conn = await pg.connect(pg_url, autocommit=True)
+    try:
+        await conn.execute("CREATE TEMP TABLE stopped (x int)")
+        with trio.move_on_after(0.1) as scope:
+            await conn.execute("INSERT INTO stopped SELECT 1 FROM pg_sleep(5)")
+        assert scope.cancelled_caught
+        assert await fetch(conn, "SELECT count(*) FROM stopped") == [(0,)]
+    finally:
+        await conn.close()
+
+
 async def test_a_cancellation_during_the_rw_wait_leaves_the_connection_usable(pg_url, monkeypatch):
     conn = await pg.connect(pg_url, autocommit=True)
     original = pg.TrioConnection._wait_rw
@@ -384,9 +422,14 @@ async def test_a_cancellation_during_the_rw_wait_leaves_the_connection_usable(pg
 
     monkeypatch.setattr(pg.TrioConnection, "_wait_rw", cancelling)
     try:
+        answered = None
         with scope:
-            await conn.execute("SELECT length(%s)", ("x" * 32_000_000,))
-        assert scope.cancelled_caught
+            cur = await conn.execute("SELECT length(%s)", ("x" * 32_000_000,))
+            answered = await cur.fetchone()
+        # Either the server stopped the statement (the scope caught Cancelled) or it had finished
+        # first and the call returned its result: a call that took effect is never reported as
+        # cancelled. Both leave the connection idle and usable.
+        assert scope.cancelled_caught or answered == (32_000_000,)
         assert conn.pgconn.transaction_status == IDLE
         assert await fetch(conn, "SELECT 1") == [(1,)]
     finally:
