@@ -242,7 +242,7 @@ def _postgres_harness_class() -> type:
             self, world: World, url: str, schema: str, *, claim_yields: bool = False, crash_at: int | None = None
         ) -> None:
             PostgresBackend.__init__(
-                self, url, schema=schema, clock=trio.current_time, poll_interval=None, pool_size=4, _blocking_io=True
+                self, url, schema=schema, clock=trio.current_time, poll_interval=None, _blocking_io=True
             )
             self._harness(world, claim_yields, crash_at)
 

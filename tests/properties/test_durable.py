@@ -83,3 +83,8 @@ def _run(check: Check, n: int, store: Store) -> None:
 @pytest.mark.parametrize(("name", "check", "n"), PROPERTIES, ids=[p[0] for p in PROPERTIES])
 def test_property_on_sqlite(name: str, check: Check, n: int, sqlite_dir: str) -> None:
     _run(check, n, Store("sqlite", sqlite_dir))
+
+
+@pytest.mark.parametrize(("name", "check", "n"), PROPERTIES, ids=[p[0] for p in PROPERTIES])
+def test_property_on_postgres(name: str, check: Check, n: int, pg_url: str) -> None:
+    _run(check, n, Store("postgres", pg_url))
