@@ -93,6 +93,13 @@ CREATE UNIQUE INDEX IF NOT EXISTS nj_jobs_unique ON nj_jobs (unique_key)
 """
 
 _PENDING = "('available', 'scheduled', 'retryable')"
+_IDS_PER_STATEMENT = 500
+"""Ids per `IN (...)` list: under SQLite's oldest variable limit (999)."""
+_FINAL_STATE = {
+    OutcomeKind.COMPLETED: JobState.COMPLETED,
+    OutcomeKind.DISCARD: JobState.DISCARDED,
+    OutcomeKind.CANCELLED: JobState.CANCELLED,
+}
 _FINAL = ("completed", "discarded", "cancelled")
 _SYNC_MODES = {"full": "FULL", "normal": "NORMAL"}
 
@@ -271,6 +278,8 @@ class SqliteBackend:
         now = self.now()
 
         def body(conn: sqlite3.Connection) -> list[InsertResult]:
+            if len(jobs) > 1 and not any(new.unique_key for new in jobs):
+                return plain_batch(conn)
             out: list[InsertResult] = []
             for new in jobs:
                 run_at = now if new.run_at is None or new.run_at < now else new.run_at
@@ -291,6 +300,27 @@ class SqliteBackend:
                 else:
                     out.append(InsertResult(row[0], False))
             return out
+
+        def plain_batch(conn: sqlite3.Connection) -> list[InsertResult]:
+            # No unique keys: one executemany. The write lock is ours (BEGIN IMMEDIATE) and the
+            # ids are AUTOINCREMENT, so the rows above the largest id so far are exactly this
+            # batch's, in insertion order.
+            row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'nj_jobs'").fetchone()
+            before = row[0] if row else 0
+            rows = []
+            for new in jobs:
+                run_at = now if new.run_at is None or new.run_at < now else new.run_at
+                state = "available" if run_at <= now else "scheduled"
+                rows.append((new.kind, new.queue, new.args_json, state, new.max_attempts, new.priority, run_at, now))
+            conn.executemany(
+                "INSERT INTO nj_jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            ids = [r[0] for r in conn.execute("SELECT id FROM nj_jobs WHERE id > ? ORDER BY id", (before,))]
+            if len(ids) != len(jobs):
+                raise AssertionError(f"SQLite insert of {len(jobs)} jobs produced {len(ids)} ids above {before}")
+            return [InsertResult(i, False) for i in ids]
 
         results: list[InsertResult] = await self._call(self._tx, body)
         due_now: set[str] = set()
@@ -332,16 +362,29 @@ class SqliteBackend:
         now = self.now()
 
         def body(conn: sqlite3.Connection) -> list[BackendEvent]:
+            # One read for the whole batch and one executemany per kind of write: a batch of
+            # outcomes costs a few statements, not two per job.
+            current: dict[int, tuple[Any, ...]] = {}
+            ids = [out.job_id for out in outcomes]
+            for i in range(0, len(ids), _IDS_PER_STATEMENT):
+                chunk = ids[i : i + _IDS_PER_STATEMENT]
+                for row in conn.execute(
+                    "SELECT id, queue, state, attempt, cancel_requested, errors FROM nj_jobs"
+                    f" WHERE id IN ({','.join('?' * len(chunk))})",
+                    chunk,
+                ):
+                    current[row[0]] = row[1:]
             events: list[BackendEvent] = []
+            finals: list[tuple[Any, ...]] = []
+            again: list[tuple[Any, ...]] = []
             for out in outcomes:
-                row = conn.execute(
-                    "SELECT queue, state, attempt, cancel_requested, errors FROM nj_jobs WHERE id = ?", (out.job_id,)
-                ).fetchone()
+                row = current.get(out.job_id)
                 if row is None:
                     continue
                 queue, state, attempt, cancel_requested, errors_json = row
                 if state != "running" or attempt != out.attempt:
                     continue  # stale: the job moved on without this worker
+                current[out.job_id] = (queue, "done", attempt, cancel_requested, errors_json)  # once per batch
                 kind = out.kind
                 errors = json.loads(errors_json) if errors_json else []
                 failed = 0
@@ -353,16 +396,8 @@ class SqliteBackend:
                     kind = OutcomeKind.CANCELLED
                 errors_text = json.dumps(errors) if errors else None
                 if kind in (OutcomeKind.COMPLETED, OutcomeKind.DISCARD, OutcomeKind.CANCELLED):
-                    final = {
-                        OutcomeKind.COMPLETED: JobState.COMPLETED,
-                        OutcomeKind.DISCARD: JobState.DISCARDED,
-                        OutcomeKind.CANCELLED: JobState.CANCELLED,
-                    }[kind]
-                    conn.execute(
-                        "UPDATE nj_jobs SET state = ?, finalized_at = ?, errors = ?, failed_attempts = failed_attempts + ?,"
-                        " heartbeat_at = NULL WHERE id = ?",
-                        (final.value, now, errors_text, failed, out.job_id),
-                    )
+                    final = _FINAL_STATE[kind]
+                    finals.append((final.value, now, errors_text, failed, out.job_id))
                     events.append(JobFinalized(out.job_id, final, errors[-1]["message"] if errors else None))
                     continue
                 give_back = 1 if kind in (OutcomeKind.INTERRUPTED, OutcomeKind.SNOOZE) else 0
@@ -373,13 +408,22 @@ class SqliteBackend:
                     new_state = "retryable"
                 else:
                     new_state = "scheduled"
-                conn.execute(
+                interrupted = 1 if kind is OutcomeKind.INTERRUPTED else 0
+                again.append((new_state, give_back, run_at, errors_text, failed, interrupted, out.job_id))
+                events.append(JobsAvailable(queue, None if run_at <= now else run_at))
+            if finals:
+                conn.executemany(
+                    "UPDATE nj_jobs SET state = ?, finalized_at = ?, errors = ?, failed_attempts = failed_attempts + ?,"
+                    " heartbeat_at = NULL WHERE id = ?",
+                    finals,
+                )
+            if again:
+                conn.executemany(
                     "UPDATE nj_jobs SET state = ?, attempt = attempt - ?, run_at = ?, errors = ?,"
                     " failed_attempts = failed_attempts + ?, interrupted = interrupted + ?, heartbeat_at = NULL"
                     " WHERE id = ?",
-                    (new_state, give_back, run_at, errors_text, failed, 1 if kind is OutcomeKind.INTERRUPTED else 0, out.job_id),
+                    again,
                 )
-                events.append(JobsAvailable(queue, None if run_at <= now else run_at))
             return events
 
         events: list[BackendEvent] = await self._call(self._tx, body)
