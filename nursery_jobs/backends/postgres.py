@@ -2,12 +2,15 @@
 
 Many processes on many hosts share one database. The design, call by call:
 
-- **Claim**: one statement, `UPDATE ... WHERE id IN (SELECT ... ORDER BY priority DESC, run_at,
-  id LIMIT k FOR UPDATE SKIP LOCKED) RETURNING ...`, for as many jobs as the fetcher has idle
-  workers. SKIP LOCKED lets concurrent fetchers take disjoint rows without waiting on each other;
-  the partial index `jobs_claim` holds only claimable rows in claim order, so the cost stays flat
-  however many finished rows the table keeps. The same round trip reports when the next
-  scheduled job of the queue is due. Claims and heartbeats commit with `synchronous_commit =
+- **Claim**: one statement, `UPDATE ... WHERE id IN (<best k of the due jobs, FOR UPDATE SKIP
+  LOCKED>) RETURNING ...`, for as many jobs as the fetcher has idle workers, by priority DESC,
+  run_at, id. SKIP LOCKED lets concurrent fetchers take disjoint rows without waiting on each
+  other. The due jobs come from two partial indexes (migration 0002): `jobs_available` holds
+  only `available` rows, in claim order; `jobs_waiting` holds scheduled and retryable rows by
+  `run_at`, read only up to now. Those that came due and are not claimed are made `available`
+  in the same statement. Neither scan reads a finished row or one that is not due yet, so the
+  cost stays flat however many of those the queue holds (tests/postgres/test_claim_cost.py).
+  The same round trip reports when the next scheduled job of the queue is due. Claims and heartbeats commit with `synchronous_commit =
   off` (`PgPool.run(durable=False)`): losing the last milliseconds of them in a server crash
   only makes jobs claimable again, and they do not wait for the WAL flush. (After such a crash
   the lost claim's attempt number is handed out again, so a late outcome of the lost attempt
@@ -44,12 +47,13 @@ import logging
 import re
 import time
 from typing import Any, Awaitable, Callable, Mapping, Sequence
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import trio
 
 from ..infra.pg import ConnectFailed, PgPool, TrioConnection, listen, psycopg, sql  # psycopg only through infra: import order
 from .._faults import NO_FAULTS, Faults
+from ..config import check_timeout
 from ..errors import BackendUnavailable, ConfigError, JobNotFound
 from ..jobs import Job, JobState
 from . import (
@@ -75,7 +79,8 @@ log = logging.getLogger("nursery_jobs")
 __all__ = ["PostgresBackend", "migrate", "parse_postgres_url", "schema_version"]
 
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
-_OPTIONS = {"schema", "pool_size", "pool_share", "poll_interval"}
+_OPTIONS = {"schema", "pool_size", "pool_share", "poll_interval", "statement_timeout", "outage_timeout"}
+_SECONDS_OPTIONS = ("poll_interval", "statement_timeout", "outage_timeout")
 _PENDING = ("available", "scheduled", "retryable")
 _FINAL_BY_KIND = {
     OutcomeKind.COMPLETED: "completed",
@@ -110,17 +115,22 @@ def parse_postgres_url(url: str) -> tuple[str, dict[str, Any]]:
             ours[key] = value
         else:
             theirs.append((key, value))
-    conninfo = urlunsplit(parts._replace(query=urlencode(theirs)))
+    # %20, not "+", for a space: libpq does not read "+" as one (options=-c search_path=...).
+    conninfo = urlunsplit(parts._replace(query=urlencode(theirs, quote_via=quote)))
     opts: dict[str, Any] = {"schema": check_schema_name(ours.get("schema", "nursery_jobs"))}
     try:
         if "pool_size" in ours:
             opts["pool_size"] = int(ours["pool_size"])
         if "pool_share" in ours:
             opts["pool_share"] = float(ours["pool_share"])
-        if "poll_interval" in ours:
-            opts["poll_interval"] = float(ours["poll_interval"])
+        for name in _SECONDS_OPTIONS:
+            if name in ours:
+                opts[name] = float(ours[name])
     except ValueError as exc:
         raise ConfigError(f"bad option in {url!r}: {exc}") from None
+    for name in _SECONDS_OPTIONS:
+        if name in opts:
+            check_timeout(f"?{name}= in the PostgreSQL URL", opts[name], allow_none=False)
     return conninfo, opts
 
 
@@ -221,8 +231,9 @@ class PostgresBackend:
         schema: str = "nursery_jobs",
         pool_size: int | None = None,
         pool_share: float = 0.5,
-        poll_interval: float = 1.0,
+        poll_interval: float | None = 1.0,
         outage_timeout: float = 30.0,
+        statement_timeout: float = 30.0,
         clock: Callable[[], float] = time.time,
         faults: Faults = NO_FAULTS,
         _blocking_io: bool = False,
@@ -236,8 +247,12 @@ class PostgresBackend:
         self.pool_size = pool_size
         self._auto_pool = pool_size is None
         self.pool_share = pool_share
-        self.poll_interval: float | None = poll_interval
-        self.outage_timeout = outage_timeout
+        # None: no fallback polling (tests that drive every wake-up themselves)
+        self.poll_interval: float | None = check_timeout("poll_interval", poll_interval, allow_none=True)
+        self.outage_timeout = _seconds("outage_timeout", outage_timeout)
+        self.statement_timeout = _seconds("statement_timeout", statement_timeout)
+        """The server's `statement_timeout` on pooled connections; every pooled call is also
+        bounded client-side at this + `infra.pg.ROUND_TRIP_MARGIN` (`PgPool`)."""
         self._clock = clock
         self._faults = faults
         self._blocking_io = _blocking_io
@@ -275,10 +290,15 @@ class PostgresBackend:
         self, fn: Callable[[TrioConnection], Awaitable[Any]], *, retry: bool = True, durable: bool = True
     ) -> Any:
         """``await fn(conn)`` on a pooled connection (`durable=False`: see `PgPool.run`). A lost
-        connection (server restart, terminated backend) is retried with bounded backoff for up to `outage_timeout` when `retry`: every
-        call that retries is safe to repeat (claims and outcomes are fenced, reads are reads).
-        Inserts do not retry: their outcome is unknown when the connection drops mid-call."""
-        deadline = trio.current_time() + self.outage_timeout
+        connection (server restart, terminated backend, or one silent past the pool's
+        client-side bound: `RoundTripTimeout`) is retried with bounded backoff for up to
+        `outage_timeout` after the first failure when `retry`: every call that retries is safe
+        to repeat (claims and outcomes are fenced, reads are reads). Inserts do not retry: their
+        outcome is unknown when the connection drops mid-call (a failed connect or session
+        switch, `ConnectFailed`, sent nothing and is retried even then). Each attempt is bounded
+        by `PgPool.round_trip_bound` + `DRAIN_TIMEOUT`, so a call ends within about
+        `outage_timeout` + two such bounds, whatever the network does."""
+        deadline: float | None = None
         delay = 0.05
         while True:
             try:
@@ -294,6 +314,8 @@ class PostgresBackend:
                 ) from exc
             except psycopg.OperationalError as exc:
                 # A failed connect sent nothing: even a write may be retried then.
+                if deadline is None:
+                    deadline = trio.current_time() + self.outage_timeout
                 if not (retry or isinstance(exc, ConnectFailed)) or trio.current_time() + delay > deadline:
                     raise BackendUnavailable(
                         f"PostgreSQL unavailable ({_one_line(exc)}); gave up after {self.outage_timeout:g} s"
@@ -336,7 +358,15 @@ class PostgresBackend:
     async def open(self) -> None:
         if self._pool is not None:
             return
-        pool = PgPool(self.conninfo, size=self.pool_size or 10, blocking=self._blocking_io)
+        try:
+            pool = PgPool(
+                self.conninfo,
+                size=self.pool_size or 10,
+                statement_timeout=self.statement_timeout,
+                blocking=self._blocking_io,
+            )
+        except psycopg.ProgrammingError as exc:
+            raise ConfigError(f"bad PostgreSQL URL: {_one_line(exc)}") from None
         try:
             version = await pool.run(lambda c: _schema_version_async(c, self.schema))
         except psycopg.ProgrammingError as exc:
@@ -580,10 +610,13 @@ class PostgresBackend:
         now = self.now()
         q = self._q["heartbeat"]
         params = (now, _int_array([r[0] for r in running]), _int_array([r[1] for r in running]))
-        # No retry: a heartbeat that cannot get through must fail now, so the runtime can cancel
-        # its attempts before another process rescues them (retries would eat that margin).
+        # Retried like any call safe to repeat (it only renews rows this worker still owns): the
+        # runtime cuts each heartbeat call at its own deadline (rescue_after / 2 after the last
+        # good one), so retries cannot eat the margin before another process may rescue. A
+        # connection terminated under a heartbeat (pg_terminate_backend, a failover) then costs
+        # one retry, not a failed beat.
         # Not durable: a heartbeat lost in a server crash is one missed beat.
-        rows = await self._run(lambda c: _all(c, q, params), retry=False, durable=False)
+        rows = await self._run(lambda c: _all(c, q, params), durable=False)
         alive = {r[0]: r[1] for r in rows}
         return HeartbeatResult(
             [(job_id, attempt) for job_id, attempt in running if job_id not in alive],
@@ -671,11 +704,20 @@ def _float_array(values: Sequence[float]) -> str:
     return "{" + ",".join(map(repr, values)) + "}"
 
 
+def _seconds(what: str, value: Any) -> float:
+    checked = check_timeout(what, value, allow_none=False)
+    assert checked is not None
+    return checked
+
+
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
 _PENDING_SQL = "('available', 'scheduled', 'retryable')"
+_PROMOTE_AT_ONCE = 1000
+"""A claim looks at (and makes `available`) at most this many scheduled/retryable jobs that
+came due, oldest first (see the claim statement)."""
 
 _QUERIES: dict[str, sql.SQL] = {
     "insert_many": sql.SQL(
@@ -721,13 +763,30 @@ _QUERIES: dict[str, sql.SQL] = {
     "find_unique": sql.SQL(
         "SELECT id FROM {s}.jobs WHERE unique_key = %s AND state NOT IN ('completed', 'discarded', 'cancelled')"
     ),
+    # Due jobs come from two places (migration 0002): `available` rows (always due) in claim
+    # order from `jobs_available`, and scheduled/retryable rows that came due from
+    # `jobs_waiting` (queue, run_at), up to _PROMOTE_AT_ONCE of them, oldest first: neither scan
+    # reads a row that is not due. The best `limit` of both are claimed; the due waiting rows
+    # not claimed become `available` in the same statement, so the next claim finds them in
+    # claim order. Claim order (priority, then run_at, then id) is exact among due jobs unless
+    # more than _PROMOTE_AT_ONCE waiting rows came due at once: then the rest join at the next
+    # claims. Both scans lock with SKIP LOCKED; rows locked and not updated are free again at
+    # the statement's end.
     "claim": sql.SQL(
-        "WITH claimed AS ("
+        "WITH due AS (SELECT id, priority, run_at FROM {s}.jobs WHERE queue = %(queue)s"
+        "  AND state IN ('scheduled', 'retryable') AND run_at <= %(now)s"
+        "  ORDER BY run_at, id LIMIT " + str(_PROMOTE_AT_ONCE) + " FOR UPDATE SKIP LOCKED),"
+        " avail AS (SELECT id, priority, run_at FROM {s}.jobs WHERE queue = %(queue)s"
+        "  AND state = 'available' AND run_at <= %(now)s"
+        "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
+        " pick AS (SELECT id FROM (SELECT * FROM avail UNION ALL SELECT * FROM due) c"
+        "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s),"
+        " promoted AS (UPDATE {s}.jobs SET state = 'available'"
+        "  WHERE id IN (SELECT id FROM due EXCEPT SELECT id FROM pick) RETURNING 1),"
+        " claimed AS ("
         " UPDATE {s}.jobs SET state = 'running', attempt = attempt + 1, attempted_at = %(now)s,"
         "  heartbeat_at = %(now)s"
-        " WHERE id IN (SELECT id FROM {s}.jobs WHERE queue = %(queue)s"
-        "  AND state IN " + _PENDING_SQL + " AND run_at <= %(now)s"
-        "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
+        " WHERE id IN (SELECT id FROM pick)"
         " RETURNING id, kind, queue, args::text, attempt, max_attempts, priority, run_at)"
         " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at FROM claimed"
         " UNION ALL"

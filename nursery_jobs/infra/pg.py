@@ -55,11 +55,20 @@ synchronous_commit = off`, or `RESET` back to whatever the server configures). p
 not used: its sync pool runs maintenance threads outside the runtime's task tree, and its async
 pool needs an asyncio loop.
 
+Bounds. No pooled round trip waits forever: `PgPool.run` is cut client-side at
+`statement_timeout + ROUND_TRIP_MARGIN` (the server stops a statement at `statement_timeout`,
+so only a silent connection -- a partition dropping packets, a frozen server -- gets there),
+then cancelled as above (at most `DRAIN_TIMEOUT` more) and its connection closed:
+`RoundTripTimeout`, an `OperationalError` like a lost connection. Pool and listener connections
+get TCP keepalives and `tcp_user_timeout` (`KEEPALIVE_DEFAULTS`) unless the conninfo sets them,
+and keep the conninfo's own `connect_timeout` and `options` (`connection_params`).
+
 Listener. One dedicated connection per process LISTENs; Trio waits for its socket to become
 readable (no thread, no polling) and hands each notification to a callback. If the connection
 drops, the listener reconnects with bounded exponential backoff and calls `on_reconnect`, so the
 caller can look for work it may have missed while deaf (fetchers also poll, so nothing waits
-longer than a poll interval meanwhile).
+longer than a poll interval meanwhile). A connection that goes silent is found by a `SELECT 1`
+after `ping_interval` idle seconds that must answer within `ping_timeout` (and by keepalives).
 """
 
 from __future__ import annotations
@@ -83,7 +92,19 @@ from psycopg.rows import tuple_row  # noqa: E402
 
 from .owner import open_owner  # noqa: E402
 
-__all__ = ["DRAIN_TIMEOUT", "ConnectFailed", "PgPool", "TrioConnection", "connect", "listen", "psycopg", "sql"]
+__all__ = [
+    "DRAIN_TIMEOUT",
+    "KEEPALIVE_DEFAULTS",
+    "ConnectFailed",
+    "PgPool",
+    "RoundTripTimeout",
+    "TrioConnection",
+    "connect",
+    "connection_params",
+    "listen",
+    "psycopg",
+    "sql",
+]
 
 log = logging.getLogger("nursery_jobs")
 
@@ -112,8 +133,51 @@ _EPOLLOUT = getattr(select, "EPOLLOUT", 0)
 _EPOLLERR_HUP = getattr(select, "EPOLLERR", 0) | getattr(select, "EPOLLHUP", 0)
 
 
+KEEPALIVE_DEFAULTS: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+"""libpq TCP settings the pool and the listener add unless the conninfo sets them: the kernel
+declares a silent peer dead after ~25 s idle (10 s + 3 unanswered probes 5 s apart), or when sent
+data stays unacknowledged for 30 s (`tcp_user_timeout`, ms). Ignored on Unix-domain sockets."""
+
+ROUND_TRIP_MARGIN = 5.0
+"""`PgPool.run` bound: the server's `statement_timeout` plus this margin (see `PgPool`)."""
+
+
 class ConnectFailed(psycopg.OperationalError):
     """No connection could be opened: nothing was sent, so any call may be retried."""
+
+
+class RoundTripTimeout(psycopg.OperationalError):
+    """A pooled call outlived the pool's client-side bound (statement_timeout + margin): the
+    server or the network stopped answering. The connection was closed and discarded. The
+    statement may or may not have taken effect, like a connection lost mid-call."""
+
+
+def connection_params(
+    conninfo: str, *, connect_timeout: float | None = None, statement_timeout: float | None = None
+) -> dict[str, Any]:
+    """The connection parameters of `conninfo` merged with the pool's: the conninfo's own
+    `connect_timeout` and keepalive settings win; `KEEPALIVE_DEFAULTS` fill in the rest; a
+    `statement_timeout` (seconds) is appended to the conninfo's own `options` (``-c
+    search_path=...`` and the like are kept; the appended setting wins over one given there, so
+    the pool's client-side bound and the server's agree). Raises `psycopg.ProgrammingError` for a
+    malformed conninfo."""
+    params = conninfo_to_dict(conninfo)
+    if connect_timeout is not None and params.get("connect_timeout") in (None, ""):
+        params["connect_timeout"] = max(1, math.ceil(connect_timeout))
+    for key, value in KEEPALIVE_DEFAULTS.items():
+        if params.get(key) in (None, ""):
+            params[key] = value
+    if statement_timeout is not None:
+        ours = f"-c statement_timeout={int(statement_timeout * 1000)}"
+        theirs = str(params.get("options") or "").strip()
+        params["options"] = f"{theirs} {ours}" if theirs else ours
+    return params
 
 
 class _Lock:
@@ -493,7 +557,16 @@ def _poll_connect_blocking(pgconn: pq.abc.PGconn, deadline: float) -> None:
 
 
 class PgPool:
-    """At most `size` connections to `conninfo`, each used by one call at a time."""
+    """At most `size` connections to `conninfo`, each used by one call at a time.
+
+    No round trip waits forever: `run` (and a session switch at checkout) is bounded
+    client-side by `round_trip_bound` = `statement_timeout` + `round_trip_margin` (default
+    `ROUND_TRIP_MARGIN`) -- a server
+    that answers at all stops the statement at `statement_timeout`. Past the bound the call is
+    cancelled (a cancel request, then at most `DRAIN_TIMEOUT` to learn how the statement ended),
+    its connection closed, and `RoundTripTimeout` raised: at worst the call returns after
+    `round_trip_bound + DRAIN_TIMEOUT`. The conninfo's own parameters are kept; the pool adds
+    its statement timeout and TCP keepalives (see `connection_params`)."""
 
     def __init__(
         self,
@@ -503,6 +576,7 @@ class PgPool:
         acquire_timeout: float = 10.0,
         connect_timeout: float = 10.0,
         statement_timeout: float = 30.0,
+        round_trip_margin: float | None = None,
         blocking: bool = False,
     ) -> None:
         self.conninfo = conninfo
@@ -512,6 +586,9 @@ class PgPool:
         self._acquire_timeout = acquire_timeout
         self._connect_timeout = connect_timeout
         self._statement_timeout = statement_timeout
+        self.round_trip_bound = statement_timeout + (ROUND_TRIP_MARGIN if round_trip_margin is None else round_trip_margin)
+        """Client-side bound of one `run` (see the class doc)."""
+        self._params = connection_params(conninfo, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
         self._slots = trio.Semaphore(size)
         self._idle: list[TrioConnection] = []
         self._closed = False
@@ -527,13 +604,7 @@ class PgPool:
 
     async def _open(self, durable: bool) -> TrioConnection:
         try:
-            conn = await connect(
-                self.conninfo,
-                autocommit=True,
-                blocking=self.blocking,
-                connect_timeout=max(1, math.ceil(self._connect_timeout)),
-                options=f"-c statement_timeout={int(self._statement_timeout * 1000)}",
-            )
+            conn = await connect(make_conninfo("", **self._params), autocommit=True, blocking=self.blocking)
         except psycopg.OperationalError as exc:
             raise ConnectFailed(str(exc)) from exc
         self._pids[conn] = conn.pgconn.backend_pid
@@ -541,11 +612,23 @@ class PgPool:
         if not durable:
             # A SET, not a startup option: RESET must find the server's own setting later.
             try:
-                await self._switch(conn, durable)
+                await self._bounded_switch(conn, durable)
             except BaseException:
                 self._drop(conn)
                 raise
         return conn
+
+    async def _bounded_switch(self, conn: TrioConnection, durable: bool) -> None:
+        """`_switch` within `round_trip_bound`; past it (or if it fails) the connection is
+        dropped and `ConnectFailed` raised: the caller's own statement was not sent yet, so the
+        call may be retried."""
+        with trio.move_on_after(self.round_trip_bound) as scope:
+            try:
+                await self._switch(conn, durable)
+            except psycopg.OperationalError as exc:
+                raise ConnectFailed(f"connection lost before the statement was sent: {exc}") from exc
+        if scope.cancelled_caught:
+            raise ConnectFailed(f"the server did not answer a session SET within {self.round_trip_bound:g} s")
 
     def _drop(self, conn: TrioConnection) -> None:
         if self._pids.pop(conn, None) is not None:
@@ -567,7 +650,7 @@ class PgPool:
                 conn = await self._open(durable)
             elif (conn in self._async_commit) == durable:
                 try:
-                    await self._switch(conn, durable)
+                    await self._bounded_switch(conn, durable)
                 except BaseException:
                     self._drop(conn)
                     raise
@@ -648,10 +731,21 @@ class PgPool:
         `durable=False`: the session has ``synchronous_commit = off``, so a commit does not wait
         for the WAL flush; a server crash may lose the last few milliseconds of such writes.
         Only for writes whose loss is harmless (a lost claim makes its job claimable again).
+
+        Bounded by `round_trip_bound` (see the class doc): past it, `RoundTripTimeout`.
         """
         conn = await self._checkout(durable)
         try:
-            return await fn(conn)
+            with trio.move_on_after(self.round_trip_bound):
+                return await fn(conn)
+            # Only our own deadline lands here (a result that arrived in the drain is returned
+            # above). The connection is presumed dead: never pooled again.
+            if not conn.closed:
+                conn.close_now()
+            raise RoundTripTimeout(
+                f"no answer from PostgreSQL within {self.round_trip_bound:g} s "
+                f"(statement_timeout {self._statement_timeout:g} s + margin); connection discarded"
+            )
         finally:
             await self._checkin(conn)
 
@@ -684,20 +778,34 @@ async def listen(
     on_reconnect: Callable[[], None],
     *,
     max_backoff: float = 5.0,
+    ping_interval: float | None = 30.0,
+    ping_timeout: float = 10.0,
     blocking: bool = False,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """LISTEN on `channels` until cancelled, calling ``on_notify(channel, payload, sender_pid)`` per
     notification. Reports started once the first LISTEN is in place (or the first attempt
     failed: start-up must not hang on an unreachable server; polling covers the gap).
+
+    Liveness: the connection gets TCP keepalives (`KEEPALIVE_DEFAULTS`, unless the conninfo sets
+    them), and after `ping_interval` seconds without traffic it sends ``SELECT 1``; no answer
+    within `ping_timeout` (plus at most `DRAIN_TIMEOUT` to cancel it) counts as a lost
+    connection, so a silent partition cannot leave the listener deaf for long. `ping_interval`
+    None: no pings (always so in blocking mode, where a ping would block the loop).
     `blocking`: connect and subscribe blocking (see the module doc); notifications are still
     awaited with a Trio wait."""
+    params = connection_params(conninfo, connect_timeout=10)
+    conninfo = make_conninfo("", **params)
+    if blocking:
+        ping_interval = None
     backoff = 0.1
     started = False
     while True:
         conn: TrioConnection | None = None
         try:
-            conn = await connect(conninfo, autocommit=True, connect_timeout=10, blocking=blocking)
+            conn = await connect(conninfo, autocommit=True, blocking=blocking)
+            # Notifications that arrive while a ping runs are read by psycopg: through here.
+            conn.add_notify_handler(lambda n: on_notify(n.channel, n.payload, n.pid))
             for channel in channels:
                 await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
             if not started:
@@ -707,7 +815,7 @@ async def listen(
                 log.warning("LISTEN connection re-established")
                 on_reconnect()
             backoff = 0.1
-            await _pump(conn, on_notify)
+            await _pump(conn, on_notify, ping_interval, ping_timeout)
         except (psycopg.Error, OSError) as exc:
             log.warning("LISTEN connection lost (%s); retrying in %.1f s, polling meanwhile", exc, backoff)
             if not started:
@@ -720,11 +828,23 @@ async def listen(
                 conn.close_now()
 
 
-async def _pump(conn: TrioConnection, on_notify: Callable[[str, str, int], None]) -> None:
+async def _pump(
+    conn: TrioConnection,
+    on_notify: Callable[[str, str, int], None],
+    ping_interval: float | None,
+    ping_timeout: float,
+) -> None:
     pgconn = conn.pgconn
     fileno = pgconn.socket
     while True:
-        await trio.lowlevel.wait_readable(fileno)
+        with trio.move_on_after(math.inf if ping_interval is None else ping_interval) as idle:
+            await trio.lowlevel.wait_readable(fileno)
+        if idle.cancelled_caught:
+            with trio.move_on_after(ping_timeout) as ping:
+                await conn.execute("SELECT 1")
+            if ping.cancelled_caught:
+                raise psycopg.OperationalError(f"LISTEN connection did not answer a ping within {ping_timeout:g} s")
+            continue
         pgconn.consume_input()  # raises OperationalError when the server went away
         if pgconn.status != pq.ConnStatus.OK:
             raise psycopg.OperationalError("LISTEN connection closed by the server")
