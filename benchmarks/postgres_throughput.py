@@ -5,8 +5,10 @@ The claims it checks (each with its target, from the issue):
 
 1. **Throughput, one process.** N no-op jobs end to end (``enqueue_many`` of N, then every job
    claimed, run and its outcome written) reach >= 0.5 of a raw baseline: the same N rows
-   `COPY`-ed into a table of the runtime's own schema (same indexes), then claimed with the same
-   ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT k) RETURNING`` and completed
+   `COPY`-ed into a table of the runtime's own schema (same indexes), then claimed with
+   ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT k) RETURNING`` over the
+   `available` rows (the partial index the schema has for them, since migration 0002; every raw
+   row is available, so it needs no promotion of scheduled ones) and completed
    with one ``UPDATE ... WHERE id = ANY(...)``, k = 100 rows per transaction, two autocommit
    transactions per batch, one connection, psycopg sync (the runtime's own driver). The runtime
    side runs a queue of K = 100 workers, so it claims at most 100 jobs per statement as well.
@@ -205,7 +207,7 @@ def raw_end_to_end(url: str, n: int, batch: int) -> tuple[float, float, float | 
     claim = sql.SQL(
         "UPDATE {s}.jobs SET state = 'running', attempt = attempt + 1, attempted_at = %(now)s, heartbeat_at = %(now)s"
         " WHERE id IN (SELECT id FROM {s}.jobs WHERE queue = %(queue)s"
-        "  AND state IN ('available', 'scheduled', 'retryable') AND run_at <= %(now)s"
+        "  AND state = 'available' AND run_at <= %(now)s"
         "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
         " RETURNING id, kind, args::text, attempt"
     ).format(s=s)
@@ -259,7 +261,7 @@ def raw_latency_floor(url: str, probes: int) -> tuple[list[float], list[float]]:
     claim = sql.SQL(
         "UPDATE {s}.jobs SET state = 'running', attempt = attempt + 1, attempted_at = %(now)s, heartbeat_at = %(now)s"
         " WHERE id IN (SELECT id FROM {s}.jobs WHERE queue = %(queue)s"
-        "  AND state IN ('available', 'scheduled', 'retryable') AND run_at <= %(now)s"
+        "  AND state = 'available' AND run_at <= %(now)s"
         "  ORDER BY priority DESC, run_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)"
         " RETURNING id, kind, args::text, attempt"
     ).format(s=s)

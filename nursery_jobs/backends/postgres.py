@@ -434,7 +434,12 @@ class PostgresBackend:
         if any(j.unique_key is not None for j in jobs):
 
             async def each(conn: TrioConnection) -> list[InsertResult]:
-                return [await self._insert_one(conn, j, r, now) for j, r in zip(jobs, run_ats)]
+                if len(jobs) == 1:
+                    return [await self._insert_one(conn, jobs[0], run_ats[0], now)]
+                # One transaction: the batch is all or nothing, and no job of it can be claimed
+                # (and its key freed) before the rest is in -- a key twice in one batch is one job.
+                async with conn.transaction():
+                    return [await self._insert_one(conn, j, r, now) for j, r in zip(jobs, run_ats)]
 
             results: list[InsertResult] = await self._run(each, retry=False)
         elif len(jobs) == 1:
