@@ -210,6 +210,41 @@ async def test_survives_terminated_connections(pg_url):
             assert (await rt.wait(job_id, timeout=20)).state is nj.JobState.COMPLETED
 
 
+async def test_listen_comes_back_after_its_connection_is_terminated(pg_url):
+    # Proves the LISTEN connection itself recovers: the job comes from another backend instance
+    # (its own pool, as another process), after the worker's listener was terminated and had
+    # reconnected, and polling is 60 s -- only a NOTIFY can start it within seconds.
+    app = nj.App()
+    app.queue("q", max_workers=2, timeout=10, poll_interval=60)
+    started: dict[int, float] = {}
+
+    @app.job(queue="q")
+    async def work(ctx: nj.JobContext, n: int) -> None:
+        started[ctx.id] = trio.current_time()
+
+    schema = pgutil.new_schema(pg_url)
+    worker = PostgresBackend(pg_url, schema=schema, poll_interval=60)
+    web = PostgresBackend(pg_url, schema=schema, poll_interval=60)
+    try:
+        async with nj.open_runtime(app, backend=worker, queues=["q"]), nj.open_runtime(app, backend=web, queues=[]) as rt:
+            warm = await rt.enqueue("work", {"n": 0})
+            assert (await rt.wait(warm, timeout=20)).done
+            with psycopg.connect(pg_url, autocommit=True) as admin:
+                killed = admin.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid() AND query ILIKE 'LISTEN%%'"
+                ).fetchone()[0]
+            assert killed >= 1  # the worker's listener (and the web process's)
+            await trio.sleep(1.0)  # both reconnect (backoff starts at 0.1 s); the catch-up claim finds nothing
+            t0 = trio.current_time()
+            job_id = await rt.enqueue("work", {"n": 1})
+            assert (await rt.wait(job_id, timeout=20)).state is nj.JobState.COMPLETED
+            assert started[job_id] - t0 < 5.0, "the job waited for polling: LISTEN did not come back"
+    finally:
+        await worker.close()
+        await web.close()
+
+
 def test_trio_asyncio_is_imported_before_psycopg_in_a_fresh_interpreter(pg_url):
     code = (
         "import sys, nursery_jobs.backends.postgres\n"
