@@ -307,3 +307,50 @@ async def test_a_misspelt_url_parameter_is_a_config_error(pg_url):
     with pytest.raises(nj.ConfigError, match="bad PostgreSQL URL"):
         async with nj.open_runtime(app, backend=backend, queues=[]):
             pass
+
+
+# -- the runtime: a worker cut off by a silent connection stops its jobs in time --
+
+
+async def test_a_heartbeat_through_a_frozen_connection_cancels_the_job_as_lost(pg_url, proxy, short_bounds):
+    # rescue_after 4 s: another process may rescue the job 4 s after its last heartbeat, so
+    # this one must cancel it by then -- at rescue_after / 2 -- although its heartbeat call
+    # never answers (the proxy holds the packets; nothing fails, nothing resets).
+    app = nj.App()
+    app.queue("q", max_workers=1, timeout=None, poll_interval=60)
+    seen: list[tuple[str | None, float]] = []
+    running = trio.Event()
+
+    @app.job(queue="q")
+    async def long(ctx: nj.JobContext) -> None:
+        running.set()
+        try:
+            await trio.sleep(60)
+        finally:
+            seen.append((ctx.cancel_reason, trio.current_time()))
+
+    backend = await _backend_through(proxy, pg_url)
+    settings = nj.RuntimeSettings(heartbeat_interval=0.5, rescue_after=4, grace=0.5, flush_bound=0.5)
+    frozen_at = math.inf
+    with trio.fail_after(30):
+        try:
+            async with nj.open_runtime(app, backend=backend, settings=settings) as rt:
+                await rt.enqueue("long", {})
+                await running.wait()
+                proxy.freeze_new = True
+                proxy.freeze()
+                frozen_at = trio.current_time()
+                while not seen:
+                    await trio.sleep(0.05)
+        except BaseExceptionGroup as group:
+            # the fetcher or completer may give up on the frozen database first: that must be
+            # the library's error, not a hang or a raw driver error
+            _, rest = group.split(nj.BackendUnavailable)
+            assert rest is None, rest
+        finally:
+            with trio.move_on_after(5):
+                await backend.close()
+    reason, at = seen[0]
+    assert reason == "lost"
+    # the last good heartbeat was at most one interval before the freeze
+    assert at - frozen_at <= 4 / 2 + 0.5, at - frozen_at
