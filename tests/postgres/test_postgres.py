@@ -54,6 +54,16 @@ async def test_runtime_refuses_to_start_on_a_missing_schema(pg_url):
             pass
 
 
+async def test_runtime_refuses_a_schema_newer_than_itself(pg_url):
+    schema = pgutil.new_schema(pg_url)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f'INSERT INTO "{schema}".migrations (version, name) VALUES (99, \'9999_future.sql\')')
+    app = nj.App()
+    with pytest.raises(nj.ConfigError, match=f"schema {schema!r} is at version 99, newer than this nursery_jobs"):
+        async with nj.open_runtime(app, backend=f"{pg_url}?schema={schema}"):
+            pass
+
+
 async def test_unreachable_database_is_a_clear_error():
     app = nj.App()
     with pytest.raises(nj.BackendUnavailable, match="cannot connect to PostgreSQL.*check the URL"):
