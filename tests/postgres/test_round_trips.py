@@ -1,0 +1,84 @@
+"""Round trips per operation on PostgreSQL: the counts the speed claims rest on (one enqueue is
+one round trip with its NOTIFY; a batch is one statement or one COPY transaction; a claim and an
+outcome batch are one statement each). Counted at the bridge: every time psycopg waits for the
+server is one `TrioConnection.wait`."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+import nursery_jobs as nj
+import nursery_jobs.infra.pg as pg
+from nursery_jobs.backends import NewJob, Outcome, OutcomeKind
+from nursery_jobs.backends.postgres import PostgresBackend
+from tests import pgutil
+
+
+@pytest.fixture
+async def backend(pg_url):
+    b = PostgresBackend(pg_url, schema=pgutil.new_schema(pg_url))
+    b.check_budget(1)
+    await b.open()
+    yield b
+    await b.close()
+
+
+@pytest.fixture
+def waits(monkeypatch) -> list[int]:
+    count = [0]
+    original = pg.TrioConnection.wait
+
+    async def counted(self, gen, *args, **kwargs):
+        count[0] += 1
+        return await original(self, gen, *args, **kwargs)
+
+    monkeypatch.setattr(pg.TrioConnection, "wait", counted)
+    return count
+
+
+def _jobs(n: int, queue: str = "q") -> list[NewJob]:
+    return [NewJob("k", queue, '{"n": %d}' % i, 0, None, 3) for i in range(n)]
+
+
+async def _trips(waits: list[int], call) -> int:
+    await trio.sleep(0)
+    before = waits[0]
+    await call()
+    return waits[0] - before
+
+
+async def test_one_enqueue_is_one_round_trip(backend, waits):
+    await backend.insert_many(_jobs(1))  # the pool's first connection: not counted
+    assert await _trips(waits, lambda: backend.insert_many(_jobs(1))) == 1
+
+
+async def test_a_small_batch_is_one_round_trip_and_a_large_one_a_few(backend, waits):
+    await backend.insert_many(_jobs(1))
+    assert await _trips(waits, lambda: backend.insert_many(_jobs(20))) == 1
+    # COPY: begin, reserve the ids (+ NOTIFY), the COPY and its data, commit -- 7 waits when
+    # written, not one per job
+    trips = await _trips(waits, lambda: backend.insert_many(_jobs(2000)))
+    assert trips <= 10, trips
+
+
+async def test_a_claim_and_an_outcome_batch_are_one_round_trip_each(backend, waits):
+    await backend.claim("q", 1)  # the first claim opens its connection (synchronous_commit off)
+    await backend.insert_many(_jobs(50))
+    result = None
+
+    async def claim():
+        nonlocal result
+        result = await backend.claim("q", 50)
+
+    assert await _trips(waits, claim) == 1
+    assert result is not None and len(result.jobs) == 50
+    outcomes = [Outcome(j.id, j.attempt, OutcomeKind.COMPLETED) for j in result.jobs]
+    assert await _trips(waits, lambda: backend.finish_many(outcomes)) == 1
+    assert (await backend.stats())["q"].completed == 50
+
+
+async def test_a_cancel_is_one_round_trip(backend, waits):
+    (job,) = await backend.insert_many(_jobs(1))
+    assert await _trips(waits, lambda: backend.cancel(job.id)) == 1
+    assert (await backend.get_job(job.id)).state is nj.JobState.CANCELLED
