@@ -264,18 +264,23 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
         fileno = self.pgconn.socket
         try:
             while True:
-                if s == _WAIT_R:
-                    await trio.lowlevel.wait_readable(fileno)
-                    s = gen.send(_READY_R)
-                elif s == _WAIT_W:
-                    await trio.lowlevel.wait_writable(fileno)
-                    s = gen.send(_READY_W)
-                else:
-                    s = gen.send(await self._wait_rw(fileno))
+                s = gen.send(await self._ready(s, fileno))
         except StopIteration as ex:
             return ex.value
         except trio.Cancelled as cancelled:
             return await self._finish_after_cancel(gen, s, cancelled)
+
+    async def _ready(self, s: int, fileno: int) -> int:
+        """Wait for what psycopg's generator asked for (`s`: read, write, or either) and return
+        the readiness to send it. (The caller sends it: a StopIteration cannot cross a
+        coroutine, and a cancelled wait leaves the caller's `s` current.)"""
+        if s == _WAIT_R:
+            await trio.lowlevel.wait_readable(fileno)
+            return _READY_R
+        if s == _WAIT_W:
+            await trio.lowlevel.wait_writable(fileno)
+            return _READY_W
+        return await self._wait_rw(fileno)
 
     async def _wait_blocking(self, gen: Any) -> Any:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -342,14 +347,7 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
                             await self._send_cancel()
                         except Exception:
                             log.debug("could not send a cancel request; waiting for the statement", exc_info=True)
-                    if s == _WAIT_R:
-                        await trio.lowlevel.wait_readable(fileno)
-                        s = gen.send(_READY_R)
-                    elif s == _WAIT_W:
-                        await trio.lowlevel.wait_writable(fileno)
-                        s = gen.send(_READY_W)
-                    else:
-                        s = gen.send(await self._wait_rw(fileno))
+                    s = gen.send(await self._ready(s, fileno))
                     if pgconn.transaction_status != _ACTIVE:
                         asked = False  # that statement ended: one sent after it is cancelled too
             except StopIteration as ex:
