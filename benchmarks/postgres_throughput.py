@@ -58,6 +58,7 @@ from psycopg import sql
 import nursery_jobs as nj
 
 try:  # imported as `benchmarks.postgres_throughput`
+    from .durable_side import JOB_TIMEOUT, QUEUE, Tally, add_bench_kinds, idle_latency, run_app
     from .report import conclude
     from .pg_common import (
         PgUnavailable,
@@ -71,6 +72,7 @@ try:  # imported as `benchmarks.postgres_throughput`
         truncate,
     )
 except ImportError:  # run as a script: benchmarks/ is sys.path[0]
+    from durable_side import JOB_TIMEOUT, QUEUE, Tally, add_bench_kinds, idle_latency, run_app  # type: ignore[no-redef]
     from report import conclude  # type: ignore[no-redef]
     from pg_common import (  # type: ignore[no-redef]
         PgUnavailable,
@@ -95,8 +97,6 @@ TARGET_RECEIPT_P50 = 0.010
 
 RT_SCHEMA = "nj_rt"
 RAW_SCHEMA = "nj_raw"
-QUEUE = "bench"
-JOB_TIMEOUT = 30.0
 
 
 @attrs.frozen
@@ -300,18 +300,7 @@ def raw_copy(url: str, n: int) -> float:
 # -- the runtime side -------------------------------------------------------------------------------
 
 
-class _Tally:
-    """Shared between a run's handlers and its main (one Trio thread)."""
-
-    def __init__(self, target: int = 0) -> None:
-        self.target = target
-        self.count = 0
-        self.last_id = 0
-        self.done = trio.Event()
-        self.started_at: dict[int, float] = {}
-
-
-def build_app(workers: int, launchers: int = 0) -> tuple[nj.App, list[_Tally]]:
+def build_app(workers: int, launchers: int = 0) -> tuple[nj.App, list[Tally]]:
     """The benchmark's app. Worker processes build the same one, so every kind is known there.
 
     `bench`: the measured queue. `probe` records its start time. `ctl`: nobody works it; a
@@ -320,22 +309,9 @@ def build_app(workers: int, launchers: int = 0) -> tuple[nj.App, list[_Tally]]:
     processes are owned and stopped by the runtime (a remote cancel sends them SIGTERM).
     """
     app = nj.App()
-    app.queue(QUEUE, max_workers=workers, timeout=JOB_TIMEOUT)
+    box = add_bench_kinds(app, workers)
     app.queue("ctl", max_workers=1, timeout=JOB_TIMEOUT)
     app.queue("launch", max_workers=max(1, launchers), timeout=None)
-    box: list[_Tally] = [_Tally()]
-
-    @app.job(queue=QUEUE)
-    async def noop(ctx: nj.JobContext) -> None:
-        tally = box[0]
-        tally.count += 1
-        if tally.count == tally.target:
-            tally.last_id = ctx.id
-            tally.done.set()
-
-    @app.job(queue=QUEUE)
-    async def probe(ctx: nj.JobContext) -> None:
-        box[0].started_at[ctx.id] = time.perf_counter()
 
     @app.job(queue="ctl")
     async def ready(ctx: nj.JobContext, pid: int) -> None:
@@ -349,20 +325,13 @@ def build_app(workers: int, launchers: int = 0) -> tuple[nj.App, list[_Tally]]:
     return app, box
 
 
-def _run(main: Callable[[nj.Runtime], Any], app: nj.App, url: str, **kw: Any) -> Any:
-    result = nj.run(main, app=app, backend=url, grace=0.0, **kw)
-    if result is None:
-        raise KeyboardInterrupt
-    return result
-
-
 def runtime_end_to_end(url: str, n: int, workers: int, db: str | None = None) -> tuple[float, float, float | None]:
     """(wall, client CPU, server CPU) seconds for the runtime, in this one process, to
     enqueue_many n no-op jobs and run them all, up to the recorded outcome of the job that ran
     last. Client CPU is the whole process's (every thread's), over the same span; server CPU
     that of the backends serving database `db` (None: not measured)."""
     app, box = build_app(workers)
-    tally = box[0] = _Tally(n)
+    tally = box[0] = Tally(n)
 
     server = ServerCpu(db) if db else None
 
@@ -387,7 +356,7 @@ def runtime_end_to_end(url: str, n: int, workers: int, db: str | None = None) ->
             raise RuntimeError(f"expected {n} completed jobs, the backend holds {stats}")
         return elapsed, cpu, server.seconds if server else None
 
-    result: tuple[float, float, float | None] = _run(main, app, url)
+    result: tuple[float, float, float | None] = run_app(main, app, url)
     return result
 
 
@@ -402,7 +371,7 @@ def runtime_enqueue_loop(url: str, n: int) -> float:
             await rt.enqueue("noop")
         return time.perf_counter() - started
 
-    result: float = _run(main, app, url, queues=[])
+    result: float = run_app(main, app, url, queues=[])
     return result
 
 
@@ -416,34 +385,18 @@ def runtime_enqueue_many(url: str, n: int) -> float:
         await rt.enqueue_many("noop", ({} for _ in range(n)))
         return time.perf_counter() - started
 
-    result: float = _run(main, app, url, queues=[])
+    result: float = run_app(main, app, url, queues=[])
     return result
 
 
 def runtime_latency(url: str, probes: int, workers: int) -> tuple[list[float], list[float]]:
     """(enqueue -> handler start, enqueue -> receipt) in seconds, `probes` sequential samples."""
     app, box = build_app(workers)
-    tally = box[0]
 
     async def main(rt: nj.Runtime) -> tuple[list[float], list[float]]:
-        await trio.sleep(0.1)  # every worker parked, the first claim answered
-        for _ in range(3):  # warm the pool's connections: not measured
-            await rt.wait(await rt.enqueue("probe"), timeout=5.0)
-        starts: list[float] = []
-        receipts: list[float] = []
-        for _ in range(probes):
-            await trio.sleep(0.005)  # idle again: the completer and the fetcher parked
-            t0 = time.perf_counter()
-            job_id = await rt.enqueue("probe")
-            receipt = await rt.wait(job_id, timeout=5.0)
-            t1 = time.perf_counter()
-            if not receipt.done:
-                raise RuntimeError(f"probe job {job_id} did not finish within 5 s: {receipt}")
-            starts.append(tally.started_at.pop(job_id) - t0)
-            receipts.append(t1 - t0)
-        return starts, receipts
+        return await idle_latency(rt, box[0], probes)
 
-    result: tuple[list[float], list[float]] = _run(main, app, url)
+    result: tuple[list[float], list[float]] = run_app(main, app, url)
     return result
 
 
@@ -473,7 +426,7 @@ def runtime_processes(url: str, n: int, workers: int, procs: int) -> float:
                 for job_id in launchers:
                     await rt.wait(job_id, timeout=15.0)
 
-    result: float = _run(main, app, url, queues=["launch"])
+    result: float = run_app(main, app, url, queues=["launch"])
     return result
 
 

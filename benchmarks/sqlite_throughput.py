@@ -42,7 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import attrs
 import trio
@@ -50,8 +50,10 @@ import trio
 import nursery_jobs as nj
 
 try:  # imported as `benchmarks.sqlite_throughput`
+    from .durable_side import QUEUE, Tally, add_bench_kinds, idle_latency, run_app
     from .report import conclude, percentile, render_table
 except ImportError:  # run as a script: benchmarks/ is sys.path[0]
+    from durable_side import QUEUE, Tally, add_bench_kinds, idle_latency, run_app  # type: ignore[no-redef]
     from report import conclude, percentile, render_table  # type: ignore[no-redef]
 
 __all__ = ["Figures", "Sizes", "main"]
@@ -60,8 +62,6 @@ TARGET_THROUGHPUT = 0.5
 TARGET_START_P50 = 0.0025
 TARGET_START_P99 = 0.005
 TARGET_RECEIPT_P50 = 0.010
-QUEUE = "bench"
-JOB_TIMEOUT = 30.0
 _PENDING = "('available', 'scheduled', 'retryable')"
 
 
@@ -108,44 +108,13 @@ class Figures:
 # -- the runtime side -------------------------------------------------------------------------------
 
 
-class _Tally:
-    def __init__(self, target: int = 0) -> None:
-        self.target = target
-        self.count = 0
-        self.last_id = 0
-        self.done = trio.Event()
-        self.started_at: dict[int, float] = {}
-
-
-def build_app(workers: int) -> tuple[nj.App, list[_Tally]]:
+def build_app(workers: int) -> tuple[nj.App, list[Tally]]:
     app = nj.App()
-    app.queue(QUEUE, max_workers=workers, timeout=JOB_TIMEOUT)
-    box: list[_Tally] = [_Tally()]
-
-    @app.job(queue=QUEUE)
-    async def noop(ctx: nj.JobContext) -> None:
-        tally = box[0]
-        tally.count += 1
-        if tally.count == tally.target:
-            tally.last_id = ctx.id
-            tally.done.set()
-
-    @app.job(queue=QUEUE)
-    async def probe(ctx: nj.JobContext) -> None:
-        box[0].started_at[ctx.id] = time.perf_counter()
-
-    return app, box
+    return app, add_bench_kinds(app, workers)
 
 
 def _url(path: str, synchronous: str) -> str:
     return f"sqlite:///{os.path.abspath(path)}?synchronous={synchronous}"
-
-
-def _run(main: Callable[[nj.Runtime], Any], app: nj.App, url: str, **kw: Any) -> Any:
-    result = nj.run(main, app=app, backend=url, grace=0.0, **kw)
-    if result is None:
-        raise KeyboardInterrupt
-    return result
 
 
 def create_file(path: str, synchronous: str) -> None:
@@ -156,14 +125,14 @@ def create_file(path: str, synchronous: str) -> None:
         await trio.lowlevel.checkpoint()
         return True
 
-    _run(main, app, _url(path, synchronous), queues=[])
+    run_app(main, app, _url(path, synchronous), queues=[])
 
 
 def runtime_end_to_end(path: str, synchronous: str, n: int, workers: int) -> tuple[float, float]:
     """(wall, CPU) seconds: enqueue_many n no-op jobs and run them all, up to the recorded
     outcome of the job that ran last. CPU is the whole process's (SQLite runs in it)."""
     app, box = build_app(workers)
-    tally = box[0] = _Tally(n)
+    tally = box[0] = Tally(n)
 
     async def main(rt: nj.Runtime) -> tuple[float, float]:
         await trio.sleep(0.05)  # every worker parked, the start-up claim answered
@@ -182,33 +151,17 @@ def runtime_end_to_end(path: str, synchronous: str, n: int, workers: int) -> tup
             raise RuntimeError(f"expected {n} completed jobs, the backend holds {stats}")
         return elapsed, cpu
 
-    result: tuple[float, float] = _run(main, app, _url(path, synchronous))
+    result: tuple[float, float] = run_app(main, app, _url(path, synchronous))
     return result
 
 
 def runtime_latency(path: str, synchronous: str, probes: int, workers: int) -> tuple[list[float], list[float]]:
     app, box = build_app(workers)
-    tally = box[0]
 
     async def main(rt: nj.Runtime) -> tuple[list[float], list[float]]:
-        await trio.sleep(0.1)
-        for _ in range(3):  # warm-up: not measured
-            await rt.wait(await rt.enqueue("probe"), timeout=5.0)
-        starts: list[float] = []
-        receipts: list[float] = []
-        for _ in range(probes):
-            await trio.sleep(0.005)  # idle again: the completer and the fetcher parked
-            t0 = time.perf_counter()
-            job_id = await rt.enqueue("probe")
-            receipt = await rt.wait(job_id, timeout=5.0)
-            t1 = time.perf_counter()
-            if not receipt.done:
-                raise RuntimeError(f"probe job {job_id} did not finish within 5 s: {receipt}")
-            starts.append(tally.started_at.pop(job_id) - t0)
-            receipts.append(t1 - t0)
-        return starts, receipts
+        return await idle_latency(rt, box[0], probes)
 
-    result: tuple[list[float], list[float]] = _run(main, app, _url(path, synchronous))
+    result: tuple[list[float], list[float]] = run_app(main, app, _url(path, synchronous))
     return result
 
 
