@@ -352,5 +352,7 @@ async def test_a_heartbeat_through_a_frozen_connection_cancels_the_job_as_lost(p
                 await backend.close()
     reason, at = seen[0]
     assert reason == "lost"
-    # the last good heartbeat was at most one interval before the freeze
-    assert at - frozen_at <= 4 / 2 + 0.5, at - frozen_at
+    # The safety property, not a speed: cancelled before another process may rescue the job,
+    # rescue_after (4 s) after its last good heartbeat, which was before the freeze. (The
+    # runtime aims at rescue_after / 2; the rest is margin for a loaded machine.)
+    assert at - frozen_at < 4, at - frozen_at
