@@ -52,8 +52,9 @@ async def test_cancel_reaches_the_asyncio_task_and_its_cleanup_ends_before_the_r
     log: list[tuple[str, object]] = []
     async with nj.open_runtime(_app(log)) as rt:
         job_id = await rt.enqueue("aio_work", {"seconds": 30})
-        while not log:
-            await trio.sleep(0.01)
+        with trio.fail_after(10):  # bounded: a handler that never starts fails, not hangs
+            while not log:
+                await trio.sleep(0.01)
         await rt.cancel(job_id)
         receipt = await rt.wait(job_id, timeout=10)
         # the receipt answered only after the asyncio cleanup had run
@@ -73,8 +74,9 @@ async def test_shutdown_interrupts_an_asyncio_handler_after_the_grace() -> None:
     backend = nj.MemoryBackend()
     async with nj.open_runtime(_app(log), backend=backend, grace=0.1) as rt:
         job_id = await rt.enqueue("aio_work", {"seconds": 30})
-        while not log:
-            await trio.sleep(0.01)
+        with trio.fail_after(10):  # bounded: a handler that never starts fails, not hangs
+            while not log:
+                await trio.sleep(0.01)
     assert log[-1] == ("cleanup", "shutdown") and rt.interrupted == [job_id]
     job = await backend.get_job(job_id)
     assert job.state is nj.JobState.AVAILABLE and job.attempt == 0  # the attempt was given back
