@@ -230,6 +230,7 @@ class SqliteHarnessBackend(_Harness, SqliteBackend):
         self._harness(world, claim_yields, crash_at)
 
 
+@functools.lru_cache(maxsize=None)
 def _postgres_harness_class() -> type:
     from nursery_jobs.backends.postgres import PostgresBackend
 
