@@ -9,19 +9,32 @@ an idle queue gets its single outcome written at once -- there is no fixed flush
 Shutdown stops it last: after running jobs are finished or cancelled, `stop()` lets it drain
 what is pending and return. `drain_inline` writes anything left over if the completer task itself
 was cancelled from outside.
+
+The completer never fails on content. A batch the backend refuses for anything but being
+unavailable (`BackendUnavailable` stops the runtime, as before) is split in halves until the
+outcomes that cannot be written are found; every other outcome of the batch is written. An
+outcome that still cannot be written is written again with its error text replaced by a note
+that says what happened, then, if even that fails, without any error text; if that fails too,
+the backend itself is failing and its error stops the runtime. Writes are fenced by the attempt
+number, so writing an outcome twice is harmless.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Sequence
 
 import trio
 
 from ._faults import Faults
-from .backends import Backend, Outcome
+from .backends import Backend, Outcome, OutcomeKind
+from .errors import BackendUnavailable
 from .infra.sync import Wakeup
+from .jobs import JobError, clean_text, describe_exception
 
 __all__ = ["Completer"]
+
+log = logging.getLogger("nursery_jobs")
 
 
 class Completer:
@@ -50,7 +63,68 @@ class Completer:
     async def _write(self, batch: Sequence[Outcome]) -> None:
         if self._faults.completer_drops_batch and len(batch) > 1:
             return
-        await self._backend.finish_many(batch)
+        try:
+            await self._backend.finish_many(batch)
+        except BackendUnavailable:
+            raise
+        except Exception as exc:
+            log.warning(
+                "completer: the backend refused a batch of %d outcomes (%s); writing them in smaller "
+                "batches to find the ones it cannot store",
+                len(batch),
+                clean_text(describe_exception(exc), 500),
+            )
+            await self._isolate(batch, exc)
+
+    async def _isolate(self, batch: Sequence[Outcome], exc: Exception) -> None:
+        if len(batch) == 1:
+            await self._replace(batch[0], exc)
+            return
+        mid = len(batch) // 2
+        for half in (batch[:mid], batch[mid:]):
+            try:
+                await self._backend.finish_many(half)
+            except BackendUnavailable:
+                raise
+            except Exception as again:
+                await self._isolate(half, again)
+
+    async def _replace(self, out: Outcome, exc: Exception) -> None:
+        """Write `out` without the content the backend refused: first with its error text
+        replaced by a note naming the refusal, then with no error text at all."""
+        at = out.error.at if out.error is not None else self._backend.now()
+        note = clean_text(
+            f"nursery_jobs: the backend could not store this attempt's outcome "
+            f"({describe_exception(exc)}); its error text was replaced by this note",
+            1_000,
+        ).encode("ascii", "backslashreplace").decode("ascii")
+        replaced = out._replace(error=JobError(out.attempt, at, note))
+        bare = out._replace(error=None) if out.kind is not OutcomeKind.COMPLETED else replaced
+        for attempt in (replaced, bare):
+            try:
+                await self._backend.finish_many([attempt])
+            except BackendUnavailable:
+                raise
+            except Exception as last:
+                exc = last
+                continue
+            log.error(
+                "completer: job %d's outcome (%s) could not be stored as it was and was written with a note "
+                "instead: %s",
+                out.job_id,
+                out.kind.value,
+                note,
+            )
+            return
+        # Not even an outcome with no text could be written: that is the backend failing, not
+        # content, and it stops the runtime like any backend failure.
+        log.error(
+            "completer: job %d's outcome (%s) could not be written even without any error text (%s)",
+            out.job_id,
+            out.kind.value,
+            clean_text(describe_exception(exc), 500),
+        )
+        raise exc
 
     def abandon(self) -> list[int]:
         """Shutdown's last resort when the backend stopped answering: stop the completer where
