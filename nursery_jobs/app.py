@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generic, Iterable, M
 import attrs
 
 from ._context import get_runtime
-from .config import DEFAULT_QUEUE, QueueConfig, RetryPolicy, check_timeout
+from .config import DEFAULT_QUEUE, QueueConfig, RetryPolicy, check_name, check_priority, check_timeout, check_unique_key
 from .errors import ArgsError, ConfigError, UnknownJob
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ class JobKind(Generic[P, R]):
                 f"the unique function of job {self.name!r} must return a non-empty str or None, "
                 f"not {key!r} (for args {dict(args)!r})"
             )
-        return f"{self.name}:{key}"
+        return check_unique_key(f"{self.name}:{key}")
 
     def check_args(self, args: Mapping[str, Any]) -> None:
         """`ArgsError` unless `args` bind to the handler's keyword parameters."""
@@ -231,8 +231,7 @@ class App:
         job_timeout = check_timeout("job timeout", timeout, allow_none=True)
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise ConfigError(f"max_attempts must be an int >= 1, not {max_attempts!r}")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ConfigError(f"priority must be an int, not {priority!r}")
+        check_priority(priority)
         if unique is not None and not callable(unique):
             raise ConfigError(f"unique must be a function of the job's args returning a str or None, not {unique!r}")
 
@@ -242,9 +241,7 @@ class App:
                     f"job handler {getattr(fn, '__qualname__', fn)!r} must be an `async def`; "
                     "wrap blocking calls in nursery_jobs.run_blocking()"
                 )
-            kind_name = name if name is not None else fn.__name__
-            if not isinstance(kind_name, str) or not kind_name:
-                raise ConfigError(f"job name must be a non-empty str, not {kind_name!r}")
+            kind_name = check_name("job", name if name is not None else getattr(fn, "__name__", None))
             if kind_name in self._kinds:
                 raise ConfigError(
                     f"job name {kind_name!r} is registered twice; pass name=... to tell them apart"

@@ -31,16 +31,57 @@ from .errors import ConfigError
 __all__ = ["QueueConfig", "RetryPolicy", "RuntimeSettings"]
 
 DEFAULT_QUEUE = "default"
+MAX_DELAY = 1e9
+"""The longest retry delay a policy may set (~31 years): every delay a valid policy computes is
+a finite time that every backend stores."""
 
 
 def _check_name(kind: str) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
     def check(_inst: Any, _attr: attrs.Attribute[Any], value: Any) -> None:
-        if not isinstance(value, str) or not value or len(value) > 128 or not value.isprintable():
-            raise ConfigError(
-                f"{kind} name must be a non-empty printable str of at most 128 characters, not {value!r}"
-            )
+        check_name(kind, value)
 
     return check
+
+
+def check_name(kind: str, value: Any) -> str:
+    """A queue or job kind name: a non-empty printable str of at most 128 characters (no NUL, no
+    control character, no lone surrogate: every backend stores it as text and logs show it)."""
+    if not isinstance(value, str) or not value or len(value) > 128 or not value.isprintable():
+        raise ConfigError(f"{kind} name must be a non-empty printable str of at most 128 characters, not {value!r}")
+    return value
+
+
+PRIORITY_RANGE = (-(2**31), 2**31 - 1)
+"""Priorities every backend stores: a 32-bit signed int (PostgreSQL's `integer`)."""
+MAX_UNIQUE_KEY = 1_000
+"""The longest unique key, in UTF-8 bytes: PostgreSQL's unique index refuses entries over ~2.7 KB,
+and a key is an identity, not a payload (hash a long one)."""
+
+
+def check_priority(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"priority must be an int, not {value!r}")
+    low, high = PRIORITY_RANGE
+    if not low <= value <= high:
+        raise ConfigError(f"priority must be between {low} and {high} (a 32-bit int), not {value!r}")
+    return value
+
+
+def check_unique_key(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"unique_key must be a non-empty str, not {value!r}")
+    if "\x00" in value:
+        raise ConfigError(f"unique_key must not contain NUL, not {value[:100]!r}")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ConfigError(f"unique_key must be valid text (it holds a lone surrogate): {value[:100]!r}") from None
+    if size > MAX_UNIQUE_KEY:
+        raise ConfigError(
+            f"unique_key is {size:,} bytes, over the limit of {MAX_UNIQUE_KEY:,}; use a hash of a long key "
+            f"(for example hashlib.sha256(key.encode()).hexdigest()): {value[:60]!r}..."
+        )
+    return value
 
 
 def check_timeout(what: str, value: Any, *, allow_none: bool) -> float | None:
@@ -92,15 +133,31 @@ class RetryPolicy:
     cap: float = attrs.field(default=6 * 3600.0, validator=_non_negative)
     jitter: float = attrs.field(default=0.1)
 
+    @cap.validator
+    def _check_cap(self, _attr: attrs.Attribute[Any], value: Any) -> None:
+        if value > MAX_DELAY:
+            raise ConfigError(
+                f"cap must be at most {MAX_DELAY:g} s (about {MAX_DELAY / (365 * 86400):.0f} years), not {value!r}; "
+                "a job that should never run again is discarded, not retried"
+            )
+
     @jitter.validator
     def _check_jitter(self, _attr: attrs.Attribute[Any], value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
             raise ConfigError(f"jitter must be a number in [0, 1), not {value!r}")
 
     def delay(self, attempt: int, rng: random.Random) -> float:
-        """Seconds to wait after failed attempt number `attempt` (1-based)."""
+        """Seconds to wait after failed attempt number `attempt` (1-based): finite and in
+        ``[0, cap * (1 + jitter)]`` for every policy that validates and every attempt."""
         exponent = min(max(attempt - 1, 0), 64)
-        raw = min(self.cap, self.base * self.factor**exponent)
+        try:
+            grown = self.factor**exponent
+        except OverflowError:  # factor=1e200 at the third failure: past any cap
+            grown = math.inf
+        if self.base == 0:
+            raw = 0.0
+        else:
+            raw = self.cap if grown == math.inf else min(self.cap, self.base * grown)
         if self.jitter:
             raw *= 1 + rng.uniform(-self.jitter, self.jitter)
         return max(raw, 0.0)

@@ -33,7 +33,6 @@ import inspect
 import logging
 import math
 import random
-import traceback
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -41,9 +40,10 @@ import trio
 from ._context import current_job_id
 from .backends import ClaimedJob, ClaimResult, Outcome, OutcomeKind
 from .config import QueueConfig
+from .errors import ArgsError
 from .infra.owner import TaskOwner, open_children
 from .infra.sync import Mailbox, Wakeup
-from .jobs import Discard, JobContext, JobError, Snooze, decode_args
+from .jobs import Discard, JobContext, JobError, Snooze, clean_text, decode_args, describe_exception, format_traceback
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -51,24 +51,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("nursery_jobs")
 
 __all__ = ["QueueExecutor"]
-
-_MAX_TRACEBACK = 16_384
-
-
-def _error_message(error: BaseException) -> str:
-    """`Type: text`; for an exception group (a failed child of `ctx.children()`), its leaves."""
-    if isinstance(error, BaseExceptionGroup):
-        leaves: list[BaseException] = []
-
-        def walk(group: BaseExceptionGroup[BaseException]) -> None:
-            for exc in group.exceptions:
-                walk(exc) if isinstance(exc, BaseExceptionGroup) else leaves.append(exc)
-
-        walk(error)
-        parts = [f"{type(e).__name__}: {e}" for e in leaves]
-        return parts[0] if len(parts) == 1 else f"{len(parts)} errors: " + "; ".join(parts)
-    return f"{type(error).__name__}: {error}"
-
 
 _tuple_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 _COMPLETED = OutcomeKind.COMPLETED
@@ -276,8 +258,10 @@ class QueueExecutor:
                 kind, timeout = cached
                 try:
                     args = decode_args(job.args_json)
-                except ValueError as exc:
-                    self._finish(job, OutcomeKind.DISCARD, error=f"job args could not be decoded: {exc}")
+                    kind.check_args(args)  # stored args that no call could bind fail every attempt alike
+                except ValueError as exc:  # ArgsError too
+                    what = "do not fit the handler" if isinstance(exc, ArgsError) else "could not be decoded"
+                    self._finish(job, OutcomeKind.DISCARD, error=clean_text(f"job args {what}: {exc}"))
                     continue
                 deadline = trio.current_time() + timeout if timeout is not None else math.inf
                 scope = trio.CancelScope(deadline=deadline)
@@ -369,11 +353,9 @@ class QueueExecutor:
             else:
                 self._finish(job, OutcomeKind.SNOOZE, run_at=self.rt.backend.now() + error.seconds)
         elif isinstance(error, Discard):
-            self._finish(job, OutcomeKind.DISCARD, error=error.reason)
+            self._finish(job, OutcomeKind.DISCARD, error=clean_text(error.reason))
         else:
-            message = _error_message(error)
-            tb = "".join(traceback.format_exception(error))[-_MAX_TRACEBACK:]
-            self._fail(job, kind, message, tb)
+            self._fail(job, kind, clean_text(describe_exception(error)), format_traceback(error))
 
     def _fail(self, job: ClaimedJob, kind: Any, message: str, tb: str | None, delay: float | None = None) -> None:
         if job.attempt >= job.max_attempts:

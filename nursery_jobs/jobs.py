@@ -16,11 +16,12 @@ from __future__ import annotations
 import enum
 import json
 import math
+import traceback
 from typing import Any
 
 import attrs
 
-from .errors import ArgsError
+from .errors import ArgsError, ConfigError, JobNotFound
 
 __all__ = [
     "Discard",
@@ -29,10 +30,17 @@ __all__ = [
     "JobError",
     "JobId",
     "JobState",
+    "MAX_ERRORS_KEPT",
+    "MAX_MESSAGE",
+    "MAX_TRACEBACK",
     "Receipt",
     "Snooze",
+    "check_job_id",
+    "clean_text",
     "decode_args",
+    "describe_exception",
     "encode_args",
+    "format_traceback",
 ]
 
 
@@ -55,6 +63,20 @@ class JobId(int):
 
     def __str__(self) -> str:  # f"{job_id}" in a log line or URL is the plain number
         return int.__repr__(self)
+
+
+MAX_JOB_ID = 2**63 - 1
+"""Ids are positive 64-bit ints on every backend."""
+
+
+def check_job_id(value: object) -> int:
+    """`value` as a job id: an int (a `JobId` is one); `ConfigError` for anything else (``"1"``
+    is not an id on any backend), `JobNotFound` for an int no backend can hold."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"a job id is an int (as enqueue returns it), not {value!r}")
+    if not 0 < value <= MAX_JOB_ID:
+        raise JobNotFound(f"no job with id {value}: ids are between 1 and {MAX_JOB_ID}")
+    return int(value)
 
 
 class _ExistingJobId(JobId):
@@ -86,14 +108,105 @@ class JobState(str, enum.Enum):
 _FINAL = frozenset({JobState.COMPLETED, JobState.DISCARDED, JobState.CANCELLED})
 
 
+MAX_MESSAGE = 4_096
+"""Characters of an error message or `Discard` reason a job keeps: enough for any message a
+person reads; a 20 MB message (a response body formatted into an exception) is cut, not stored
+on every attempt."""
+MAX_TRACEBACK = 16_384
+"""Characters of a traceback a job keeps: its start (the outermost frames) and its end (the
+innermost frames and the message), with a note of what was cut between them."""
+MAX_ERRORS_KEPT = 10
+"""Errors a job keeps, the most recent ones: with the limits above, a job's error history stays
+under ~200 KB however many attempts it makes."""
+
+
 @attrs.frozen
 class JobError:
-    """One failed attempt, kept on the job."""
+    """One failed attempt, kept on the job (at most `MAX_ERRORS_KEPT` per job, the latest).
+
+    `message` and `traceback` are always storable text on every backend: `clean_text` has
+    escaped what a database cannot hold (NUL, lone surrogates) and cut what is too long, and
+    says so at the end of the text."""
 
     attempt: int
     at: float
     message: str
     traceback: str | None = None
+
+
+def clean_text(text: str, limit: int = MAX_MESSAGE) -> str:
+    """`text` as every backend stores it unchanged: NUL written as ``\\x00`` and lone
+    surrogates (an undecodable file name from `os.listdir`) as ``\\udcff``; over `limit`
+    characters, its head and tail with the middle cut. A note at the end says what was replaced
+    or cut, so nobody mistakes the stored text for the original."""
+    if not isinstance(text, str):
+        text = _safe_str(text)
+    notes: list[str] = []
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            escaped = text.encode("utf-8", "backslashreplace").decode("utf-8")
+            notes.append(f"{sum(0xD800 <= ord(c) <= 0xDFFF for c in text)} lone surrogate(s) escaped")
+            text = escaped
+    if "\x00" in text:
+        notes.append(f"{text.count(chr(0))} NUL(s) escaped")
+        text = text.replace("\x00", "\\x00")
+    if len(text) > limit:
+        head = limit // 4
+        tail = limit - head
+        notes.append(f"cut to {limit:,} of {len(text):,} characters")
+        text = f"{text[:head]} [...] {text[-tail:]}"
+    if notes:
+        text = f"{text} [nursery_jobs: {'; '.join(notes)}]"
+    return text
+
+
+def _safe_str(value: object) -> str:
+    """``str(value)``, or a description of why it has none: an exception whose `__str__`
+    raises must still leave a readable outcome."""
+    try:
+        text = str(value)
+        if isinstance(text, str):
+            return text
+        raise TypeError(f"__str__ returned {type(text).__name__}")
+    except Exception as exc:  # the object's own code: anything may happen
+        try:
+            why = f"{type(exc).__name__}"
+        except Exception:  # pragma: no cover - a type whose name cannot be read
+            why = "an error"
+        return f"<unprintable {type(value).__name__}: str() raised {why}>"
+
+
+def describe_exception(error: BaseException) -> str:
+    """``Type: text`` for a failed attempt; for an exception group (a failed child of
+    `ctx.children()`), its leaves. Never raises, whatever the exception's own methods do;
+    the result is not cleaned yet (`clean_text`)."""
+    if isinstance(error, BaseExceptionGroup):
+        leaves: list[BaseException] = []
+
+        def walk(group: BaseExceptionGroup[BaseException]) -> None:
+            for exc in group.exceptions:
+                walk(exc) if isinstance(exc, BaseExceptionGroup) else leaves.append(exc)
+
+        try:
+            walk(error)
+        except Exception:  # a group subclass whose `exceptions` misbehaves
+            leaves = []
+        if leaves:
+            parts = [f"{type(e).__name__}: {_safe_str(e)}" for e in leaves[:20]]
+            more = f" (and {len(leaves) - 20} more)" if len(leaves) > 20 else ""
+            return parts[0] if len(parts) == 1 else f"{len(leaves)} errors: " + "; ".join(parts) + more
+    return f"{type(error).__name__}: {_safe_str(error)}"
+
+
+def format_traceback(error: BaseException) -> str:
+    """The traceback of `error`, cleaned and cut to `MAX_TRACEBACK`; never raises."""
+    try:
+        text = "".join(traceback.format_exception(error))
+    except Exception as exc:  # pragma: no cover - the traceback module met an object it cannot render
+        text = f"<no traceback: formatting it raised {type(exc).__name__}>"
+    return clean_text(text, MAX_TRACEBACK)
 
 
 @attrs.frozen
@@ -225,36 +338,83 @@ _SCALARS = frozenset({str, int, float, bool, type(None)})
 # One encoder for the process: json.dumps with options builds a new JSONEncoder per call.
 _encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
+MAX_ARGS_DEPTH = 64
+"""How deeply job args may nest (lists and dicts inside each other). Past a few hundred levels
+Python's json module raises RecursionError; every backend refuses the same args the same way,
+at enqueue, long before that."""
+MAX_ARGS_SIZE = 16 * 1024 * 1024
+"""The largest JSON text of a job's args (16 MiB): a job carries ids and small data; a large
+payload belongs in the service's own storage, passed by reference. PostgreSQL refuses text over
+1 GB, and every attempt reads the args again."""
+
 
 def encode_args(args: Any) -> str:
-    """JSON text for `args`, or `ArgsError` if it would not come back equal."""
+    """The JSON text every backend stores for `args`, or `ArgsError` if it would not come back
+    exactly equal on every backend.
+
+    Stored exactly: str (any code point, NUL and lone surrogates included: the text escapes
+    them), int (up to Python's 4,300-digit conversion limit), float (finite; `-0.0`, `1e16` and
+    `1.2345678901234567e+19` come back as they went in), bool, None, and lists and dicts with
+    str keys of those, nested at most `MAX_ARGS_DEPTH` levels, at most `MAX_ARGS_SIZE` of text.
+    Refused: everything else (NaN and infinities, tuples, sets, non-str keys, objects)."""
     if not isinstance(args, dict):
         raise ArgsError(f"job args must be a dict of keyword arguments, not {type(args).__name__}")
     if not args:
         return "{}"
+    # Flat args of exact scalar types always come back equal; only containers (tuples, non-str
+    # keys, depth) and subclasses need the round trip to be checked.
+    flat = all(type(v) in _SCALARS for v in args.values()) and all(type(k) is str for k in args)
+    if not flat:
+        _check_depth(args)
     try:
         text = _encode(args)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise ArgsError(
             f"job args are not JSON-serialisable ({exc}); pass ids and plain data "
             "(str, int, float, bool, None, list, dict with str keys), not objects"
         ) from None
-    # Flat args of exact scalar types always come back equal; only containers (tuples, non-str
-    # keys) and subclasses need the round trip to be checked.
-    if all(type(v) in _SCALARS for v in args.values()) and all(type(k) is str for k in args):
-        return text
-    if json.loads(text) != args:
+    if len(text) > MAX_ARGS_SIZE:
         raise ArgsError(
-            f"job args {args!r} do not survive a JSON round trip (tuples become lists, "
+            f"job args are {len(text):,} characters of JSON, over the limit of {MAX_ARGS_SIZE:,}; store large "
+            "payloads in your own storage and pass their id"
+        )
+    if not flat and json.loads(text) != args:
+        raise ArgsError(
+            f"job args {_short_repr(args)} do not survive a JSON round trip (tuples become lists, "
             "non-str keys become str); pass lists and dicts with str keys"
         )
     return text
 
 
+def _check_depth(args: dict[str, Any]) -> None:
+    stack: list[tuple[Any, int]] = [(args, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_ARGS_DEPTH:
+            raise ArgsError(
+                f"job args nest deeper than {MAX_ARGS_DEPTH} levels of lists and dicts (or contain "
+                "themselves); flatten them"
+            )
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values() if isinstance(v, (dict, list, tuple)))
+        elif isinstance(value, (list, tuple)):
+            stack.extend((v, depth + 1) for v in value if isinstance(v, (dict, list, tuple)))
+
+
+def _short_repr(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 def decode_args(text: str) -> dict[str, Any]:
+    """The args stored as `text`. Raises ValueError (never anything else) when the stored value
+    is not a JSON object: a row written by hand, or damaged, must not crash a worker."""
     if text == "{}":
         return {}
-    value = json.loads(text)
+    try:
+        value = json.loads(text)
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise ValueError(f"stored job args are not valid JSON ({type(exc).__name__}: {exc}): {_short_repr(text, 80)}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"stored job args are not a JSON object: {text[:80]!r}")
+        raise ValueError(f"stored job args are not a JSON object: {_short_repr(text, 80)}")
     return value

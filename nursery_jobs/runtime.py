@@ -43,13 +43,13 @@ from ._faults import NO_FAULTS, Faults
 from .app import App, JobKind
 from .backends import Backend, BackendEvent, CancelRequested, JobFinalized, JobsAvailable, NewJob, open_backend
 from .completer import Completer
-from .config import RuntimeSettings
+from .config import RuntimeSettings, check_priority, check_unique_key
 from .coordination import Receipts
 from .errors import ArgsError, ConfigError, RuntimeClosed
 from .executor import Attempt, QueueExecutor
 from .infra.owner import TaskOwner, open_owner
 from .infra.runner import run_trio, watch_shutdown_signals
-from .jobs import Job, JobId, JobState, Receipt, _ExistingJobId, encode_args
+from .jobs import Job, JobId, JobState, Receipt, _ExistingJobId, check_job_id, encode_args
 
 __all__ = ["QueueStats", "Runtime", "open_runtime", "run"]
 
@@ -268,12 +268,12 @@ class Runtime:
             raise ConfigError(f"run_at must be a finite time on the backend's clock, not {run_at!r}")
         if priority is None:
             priority = kind.priority
-        elif isinstance(priority, bool) or not isinstance(priority, int):
-            raise ConfigError(f"priority must be an int, not {priority!r}")
+        else:
+            check_priority(priority)
         if self.faults.invert_priority:
             priority = -priority
-        if unique_key is not None and (not isinstance(unique_key, str) or not unique_key):
-            raise ConfigError(f"unique_key must be a non-empty str, not {unique_key!r}")
+        if unique_key is not None:
+            check_unique_key(unique_key)
         return run_at, priority, unique_key
 
     @staticmethod
@@ -424,7 +424,7 @@ class Runtime:
     async def get_job(self, job_id: int) -> Job:
         """A snapshot of the job. Raises JobNotFound."""
         await trio.lowlevel.checkpoint()
-        return await self.backend.get_job(job_id)
+        return await self.backend.get_job(check_job_id(job_id))
 
     async def wait(self, job_id: int, *, timeout: float) -> Receipt:
         """Wait at most `timeout` seconds for the job to reach a final state.
@@ -433,14 +433,14 @@ class Runtime:
         `max_waiters` receipts are already awaited in its queue, answers at once. Raises
         JobNotFound for an unknown id.
         """
-        return await self.receipts.wait(job_id, timeout)
+        return await self.receipts.wait(check_job_id(job_id), timeout)
 
     async def cancel(self, job_id: int) -> JobState:
         """Cancel a job: a pending one is cancelled at once; a running one has its attempt's
         scope cancelled (wherever it runs) and ends as cancelled when its handler unwinds; a
         final one is left alone. Idempotent. Returns the job's state right after the request."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        state = await self.backend.cancel(job_id)
+        state = await self.backend.cancel(check_job_id(job_id))
         await trio.lowlevel.cancel_shielded_checkpoint()
         return state
 

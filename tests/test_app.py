@@ -83,6 +83,11 @@ def test_sync_handler_is_refused():
         ({"timeout": -1}, "job timeout must be"),
         ({"max_attempts": 0}, "max_attempts must be an int >= 1"),
         ({"priority": "high"}, "priority must be an int"),
+        ({"priority": 2**40}, "32-bit"),
+        ({"name": "with\x00nul"}, "job name must be a non-empty printable str"),
+        ({"name": "k" * 10_000}, "at most 128 characters"),
+        ({"name": "tab\tname"}, "printable"),
+        ({"name": ""}, "job name must be"),
     ],
 )
 def test_bad_job_settings(kwargs, message):

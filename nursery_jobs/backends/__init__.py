@@ -20,13 +20,13 @@ Vocabulary:
 from __future__ import annotations
 
 import enum
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol, Sequence, Union, runtime_checkable
+from typing import Callable, Mapping, NamedTuple, Protocol, Sequence, Union, runtime_checkable
 
 import attrs
 import trio
 
 from ..errors import ConfigError
-from ..jobs import Job, JobError, JobState, decode_args
+from ..jobs import Job, JobError, JobState
 
 __all__ = [
     "Backend",
@@ -209,56 +209,6 @@ class Backend(Protocol):
     async def get_job(self, job_id: int) -> Job: ...
 
     async def stats(self) -> Mapping[str, QueueCounts]: ...
-
-
-def job_from_row(row: Sequence[Any], errors: Iterable[Mapping[str, Any]]) -> Job:
-    """A `Job` from a durable backend's row, in the column order both SQL backends select:
-    id, kind, queue, args (JSON text), state, attempt, max_attempts, priority, run_at, created_at,
-    attempted_at, finalized_at, errors (decoded by the caller), unique_key."""
-    try:
-        args = decode_args(row[3])
-    except ValueError:
-        args = {}  # undecodable rows are discarded with the decode error recorded on them
-    return Job(
-        id=row[0],
-        kind=row[1],
-        queue=row[2],
-        args=args,
-        state=JobState(row[4]),
-        attempt=row[5],
-        max_attempts=row[6],
-        priority=row[7],
-        run_at=row[8],
-        created_at=row[9],
-        attempted_at=row[10],
-        finalized_at=row[11],
-        errors=tuple(JobError(e["attempt"], e["at"], e["message"], e.get("traceback")) for e in errors),
-        unique_key=row[13],
-    )
-
-
-def counts_from_rows(rows: Iterable[Sequence[Any]]) -> dict[str, QueueCounts]:
-    """Per-queue counts from ``(queue, state, count, sum(failed), sum(interrupted))`` rows."""
-    acc: dict[str, dict[str, int]] = {}
-    for queue, state, count, failed, interrupted in rows:
-        c = acc.setdefault(queue, {"failed": 0, "interrupted": 0})
-        c[state] = count
-        c["failed"] += failed or 0
-        c["interrupted"] += interrupted or 0
-    return {
-        name: QueueCounts(
-            available=c.get("available", 0),
-            scheduled=c.get("scheduled", 0),
-            running=c.get("running", 0),
-            retryable=c.get("retryable", 0),
-            completed=c.get("completed", 0),
-            discarded=c.get("discarded", 0),
-            cancelled=c.get("cancelled", 0),
-            failed=c["failed"],
-            interrupted=c["interrupted"],
-        )
-        for name, c in sorted(acc.items())
-    }
 
 
 def open_backend(url: str) -> Backend:

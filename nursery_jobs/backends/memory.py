@@ -26,7 +26,8 @@ import trio
 
 from .._faults import NO_FAULTS, Faults
 from ..errors import ConfigError, JobNotFound
-from ..jobs import Job, JobError, JobState, decode_args
+from ..jobs import MAX_ERRORS_KEPT, Job, JobError, JobState, decode_args
+from .rows import rescue_message
 from . import (
     BackendEvent,
     CancelRequested,
@@ -263,7 +264,7 @@ class MemoryBackend:
                 events.append(self._finalize(row, q, JobState.COMPLETED, now))
                 continue
             if out.error is not None:
-                row.errors = (row.errors or []) + [out.error]
+                row.errors = [*(row.errors or ()), out.error][-MAX_ERRORS_KEPT:]
                 if kind is OutcomeKind.RETRY or kind is OutcomeKind.DISCARD:
                     q.failed += 1
                     row.failed += 1
@@ -335,8 +336,8 @@ class MemoryBackend:
             q = self._q(row.queue)
             q.failed += 1
             row.failed += 1
-            message = f"rescued: its worker stopped heartbeating at {row.heartbeat_at:.3f} (worker lost)"
-            row.errors = (row.errors or []) + [JobError(row.attempt, now, message)]
+            message = rescue_message(row.heartbeat_at)
+            row.errors = [*(row.errors or ()), JobError(row.attempt, now, message)][-MAX_ERRORS_KEPT:]
             rescued.append(job_id)
             if row.cancel_requested:
                 events.append(self._finalize(row, q, JobState.CANCELLED, now))

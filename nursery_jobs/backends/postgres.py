@@ -55,7 +55,7 @@ from ..infra.pg import ConnectFailed, PgPool, TrioConnection, listen, psycopg, s
 from .._faults import NO_FAULTS, Faults
 from ..config import check_timeout
 from ..errors import BackendUnavailable, ConfigError, JobNotFound
-from ..jobs import Job, JobState
+from ..jobs import MAX_ERRORS_KEPT, Job, JobState
 from . import (
     BackendEvent,
     CancelRequested,
@@ -70,9 +70,8 @@ from . import (
     Outcome,
     OutcomeKind,
     QueueCounts,
-    counts_from_rows,
-    job_from_row,
 )
+from .rows import counts_from_rows, job_from_row
 
 log = logging.getLogger("nursery_jobs")
 
@@ -659,7 +658,19 @@ class PostgresBackend:
         row = await self._run(lambda c: _one(c, q, (job_id,)))
         if row is None:
             raise JobNotFound(f"no job with id {job_id} in {self.url}")
-        return job_from_row(row, row[12] or [])
+        job, damage = job_from_row(row)
+        if damage:
+            # The column types and checks keep everything but the errors' shape readable:
+            # replace what cannot be read by notes, once (only if nobody wrote it meanwhile).
+            entries = [{"attempt": e.attempt, "at": e.at, "message": e.message, "traceback": e.traceback} for e in job.errors]
+            fixed = json.dumps(entries)
+            await self._run(lambda c: _exec(c, self._q["repair_errors"], (fixed, job_id, row[12])))
+            log.warning(
+                "PostgreSQL job %d: %s; replaced by a note", job_id, "; ".join(d.describe() for d in damage)
+            )
+            if not job.state.final:  # the repair held the row: a claim meanwhile skipped it
+                self._emit([JobsAvailable(job.queue)])
+        return job
 
     async def stats(self) -> Mapping[str, QueueCounts]:
         q = self._q["stats"]
@@ -724,11 +735,14 @@ _PROMOTE_AT_ONCE = 1000
 """A claim looks at (and makes `available`) at most this many scheduled/retryable jobs that
 came due, oldest first (see the claim statement)."""
 
+_KEEP_ERRORS = f"'$[last-{MAX_ERRORS_KEPT - 1} to last]'"
+"""The jsonpath that keeps the last `MAX_ERRORS_KEPT` entries of a job's error list."""
+
 _QUERIES: dict[str, sql.SQL] = {
     "insert_many": sql.SQL(
         "WITH ins AS ("
         " INSERT INTO {s}.jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at)"
-        " SELECT k, q, a::jsonb, st, m, p, r, %s::float8"
+        " SELECT k, q, a, st, m, p, r, %s::float8"
         " FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::int[], %s::int[], %s::float8[])"
         "  WITH ORDINALITY AS t(k, q, a, st, m, p, r, ord) ORDER BY ord"
         " RETURNING id, queue),"
@@ -739,7 +753,7 @@ _QUERIES: dict[str, sql.SQL] = {
     "insert_single": sql.SQL(
         "WITH ins AS ("
         " INSERT INTO {s}.jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at)"
-        " VALUES (%s, %s, %s::jsonb, %s, %s, %s, %s, %s)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
         " RETURNING id)"
         " SELECT id, pg_notify(%s, %s) FROM ins"
     ),
@@ -759,7 +773,7 @@ _QUERIES: dict[str, sql.SQL] = {
     "insert_one": sql.SQL(
         "WITH ins AS ("
         " INSERT INTO {s}.jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at, unique_key)"
-        " VALUES (%s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
         " ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL"
         "  AND state NOT IN ('completed', 'discarded', 'cancelled') DO NOTHING"
         " RETURNING id)"
@@ -792,7 +806,7 @@ _QUERIES: dict[str, sql.SQL] = {
         " UPDATE {s}.jobs SET state = 'running', attempt = attempt + 1, attempted_at = %(now)s,"
         "  heartbeat_at = %(now)s"
         " WHERE id IN (SELECT id FROM pick)"
-        " RETURNING id, kind, queue, args::text, attempt, max_attempts, priority, run_at)"
+        " RETURNING id, kind, queue, args, attempt, max_attempts, priority, run_at)"
         " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at FROM claimed"
         " UNION ALL"
         " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
@@ -816,7 +830,9 @@ _QUERIES: dict[str, sql.SQL] = {
         "   WHEN d.k = 'interrupted' THEN %(now)s ELSE j.run_at END,"
         "  finalized_at = CASE WHEN d.k IN ('completed', 'discard', 'cancelled') THEN %(now)s END,"
         "  errors = CASE WHEN d.error IS NULL THEN j.errors"
-        "   ELSE coalesce(j.errors, '[]'::jsonb) || jsonb_build_array(d.error) END,"
+        "   ELSE jsonb_path_query_array(coalesce(j.errors, '[]'::jsonb) || jsonb_build_array(d.error), "
+        + _KEEP_ERRORS
+        + ") END,"
         "  failed_attempts = j.failed_attempts"
         "   + CASE WHEN d.error IS NOT NULL AND d.kind IN ('retry', 'discard') THEN 1 ELSE 0 END,"
         "  interrupted = j.interrupted + CASE WHEN d.k = 'interrupted' THEN 1 ELSE 0 END,"
@@ -859,17 +875,21 @@ _QUERIES: dict[str, sql.SQL] = {
         " RETURNING j.id, j.cancel_requested"
     ),
     "rescue": sql.SQL(
-        "WITH stale AS (SELECT id FROM {s}.jobs WHERE state = 'running' AND heartbeat_at < %(before)s"
+        # A running row with no heartbeat (written by hand) is stale too, or it would run never.
+        "WITH stale AS (SELECT id FROM {s}.jobs WHERE state = 'running'"
+        "  AND (heartbeat_at < %(before)s OR heartbeat_at IS NULL)"
         "  ORDER BY id FOR UPDATE SKIP LOCKED)"
         " UPDATE {s}.jobs j SET"
         "  state = CASE WHEN j.cancel_requested THEN 'cancelled'"
         "   WHEN j.attempt >= j.max_attempts THEN 'discarded' ELSE 'available' END,"
         "  run_at = %(now)s,"
         "  finalized_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN %(now)s END,"
-        "  errors = coalesce(j.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object("
+        "  errors = jsonb_path_query_array(coalesce(j.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object("
         "   'attempt', j.attempt, 'at', %(now)s, 'traceback', NULL, 'message',"
-        "   'rescued: its worker stopped heartbeating at ' || to_char(j.heartbeat_at, 'FM999999999990.000')"
-        "   || ' (worker lost)')),"
+        "   coalesce('rescued: its worker stopped heartbeating at ' || to_char(j.heartbeat_at, 'FM999999999990.000')"
+        "   || ' (worker lost)', 'rescued: its running row had no readable heartbeat (worker lost)'))), "
+        + _KEEP_ERRORS
+        + "),"
         "  failed_attempts = j.failed_attempts + 1, heartbeat_at = NULL"
         " FROM stale WHERE j.id = stale.id"
         " RETURNING j.id, j.queue, j.state, j.errors -> -1 ->> 'message'"
@@ -880,9 +900,10 @@ _QUERIES: dict[str, sql.SQL] = {
         " del AS (DELETE FROM {s}.jobs j USING doomed WHERE j.id = doomed.id RETURNING 1)"
         " SELECT count(*) FROM del"
     ),
+    "repair_errors": sql.SQL("UPDATE {s}.jobs SET errors = %s::jsonb WHERE id = %s AND errors = %s::jsonb"),
     "get": sql.SQL(
-        "SELECT id, kind, queue, args::text, state, attempt, max_attempts, priority, run_at, created_at,"
-        " attempted_at, finalized_at, errors, unique_key FROM {s}.jobs WHERE id = %s"
+        "SELECT id, kind, queue, args, state, attempt, max_attempts, priority, run_at, created_at,"
+        " attempted_at, finalized_at, errors::text, unique_key FROM {s}.jobs WHERE id = %s"
     ),
     "stats": sql.SQL(
         "SELECT queue, state, count(*), sum(failed_attempts), sum(interrupted) FROM {s}.jobs GROUP BY queue, state"

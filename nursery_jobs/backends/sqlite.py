@@ -31,7 +31,7 @@ import trio
 from .._faults import NO_FAULTS, Faults
 from ..errors import BackendUnavailable, ConfigError, JobNotFound
 from ..infra.threads import run_sync_io
-from ..jobs import Job, JobState
+from ..jobs import MAX_ERRORS_KEPT, Job, JobState
 from . import (
     BackendEvent,
     CancelRequested,
@@ -46,8 +46,18 @@ from . import (
     Outcome,
     OutcomeKind,
     QueueCounts,
+)
+from .rows import (
+    SET_ASIDE_COLUMNS,
+    STATES,
+    Damage,
     counts_from_rows,
+    error_entry,
     job_from_row,
+    read_claimed,
+    read_errors,
+    rescue_message,
+    set_aside_message,
 )
 
 __all__ = ["SqliteBackend"]
@@ -338,7 +348,7 @@ class SqliteBackend:
     async def claim(self, queue: str, limit: int) -> ClaimResult:
         now = self.now()
 
-        def body(conn: sqlite3.Connection) -> ClaimResult:
+        def body(conn: sqlite3.Connection) -> tuple[ClaimResult, list[BackendEvent]]:
             rows = conn.execute(
                 "UPDATE nj_jobs SET state = 'running', attempt = attempt + 1, attempted_at = ?1, heartbeat_at = ?1"
                 f" WHERE id IN (SELECT id FROM nj_jobs WHERE queue = ?2 AND state IN {_PENDING} AND run_at <= ?1"
@@ -346,17 +356,77 @@ class SqliteBackend:
                 " RETURNING id, kind, queue, args, attempt, max_attempts, priority, run_at",
                 (now, queue, limit),
             ).fetchall()
+            events: list[BackendEvent] = []
+            claimed: list[tuple[ClaimedJob, Any]] = []
+            for r in rows:
+                read = read_claimed(r)
+                if isinstance(read, ClaimedJob):
+                    claimed.append((read, r[7]))
+                else:  # a row written by something else, with a column that cannot be read
+                    events.append(self._set_aside(conn, r[0], read, now))
+            if events:  # rows set aside took places in this claim: the queue may hold more
+                events.append(JobsAvailable(queue))
+            next_due = self._next_due(conn, queue, now, events)
+            claimed.sort(key=lambda c: (-c[0].priority, c[1] if isinstance(c[1], (int, float)) else 0.0, c[0].id))
+            return ClaimResult([c[0] for c in claimed], next_due), events
+
+        if limit <= 0:
+            return ClaimResult([], None)
+        result, events = await self._call(self._tx, body)
+        self._emit(events)
+        claim: ClaimResult = result
+        return claim
+
+    def _next_due(self, conn: sqlite3.Connection, queue: str, now: float, events: list[BackendEvent]) -> float | None:
+        """The earliest run_at of a pending job of `queue` that is not due yet. SQLite sorts
+        TEXT after every number, so a pending row whose run_at is text (written by hand) is the
+        answer only when no real one is left: it can never come due, and is set aside."""
+        while True:
             (next_due,) = conn.execute(
                 f"SELECT MIN(run_at) FROM nj_jobs WHERE queue = ? AND state IN {_PENDING} AND run_at > ?",
                 (queue, now),
             ).fetchone()
-            rows.sort(key=lambda r: (-r[6], r[7], r[0]))
-            return ClaimResult([ClaimedJob(*r[:7]) for r in rows], next_due)
+            if next_due is None or (isinstance(next_due, (int, float)) and not isinstance(next_due, bool)):
+                return next_due
+            bad = conn.execute(
+                f"SELECT id, run_at FROM nj_jobs WHERE queue = ? AND state IN {_PENDING}"
+                " AND typeof(run_at) NOT IN ('integer', 'real') LIMIT 100",
+                (queue,),
+            ).fetchall()
+            if not bad:  # pragma: no cover - MIN found it, so the scan does
+                return None
+            for job_id, run_at in bad:
+                events.append(self._set_aside(conn, job_id, [Damage("run_at", run_at, "a number of seconds")], now))
 
-        if limit <= 0:
-            return ClaimResult([], None)
-        result: ClaimResult = await self._call(self._tx, body)
-        return result
+    def _set_aside(self, conn: sqlite3.Connection, job_id: int, damage: list[Damage], now: float) -> BackendEvent:
+        """Discard a row the runtime cannot read, in the caller's transaction: its unreadable
+        columns are reset so that it can be read from now on, and an error names what was found
+        (see `backends.rows`)."""
+        found = conn.execute("SELECT errors FROM nj_jobs WHERE id = ?", (job_id,)).fetchone()
+        entries, _ = read_errors(found[0] if found else None)
+        message = set_aside_message(damage)
+        entries = [*entries, error_entry(0, now, message)][-MAX_ERRORS_KEPT:]
+        conn.execute(
+            "UPDATE nj_jobs SET state = 'discarded', finalized_at = ?1, heartbeat_at = NULL, errors = ?2,"
+            " kind = CAST(kind AS TEXT), queue = CAST(queue AS TEXT),"
+            " attempt = CASE WHEN typeof(attempt) = 'integer' THEN attempt ELSE 0 END,"
+            " max_attempts = CASE WHEN typeof(max_attempts) = 'integer' THEN max_attempts ELSE 1 END,"
+            " priority = CASE WHEN typeof(priority) = 'integer' THEN priority ELSE 0 END,"
+            " run_at = CASE WHEN typeof(run_at) IN ('integer', 'real') THEN run_at ELSE ?1 END,"
+            " created_at = CASE WHEN typeof(created_at) IN ('integer', 'real') THEN created_at ELSE ?1 END,"
+            " failed_attempts = CASE WHEN typeof(failed_attempts) = 'integer' THEN failed_attempts ELSE 0 END,"
+            " interrupted = CASE WHEN typeof(interrupted) = 'integer' THEN interrupted ELSE 0 END,"
+            " unique_key = CASE WHEN typeof(unique_key) IN ('null', 'text') THEN unique_key END"
+            " WHERE id = ?3",
+            (now, json.dumps(entries), job_id),
+        )
+        log.warning(
+            "SQLite %r: job %d set aside (discarded), its row could not be read: %s",
+            self.path,
+            job_id,
+            "; ".join(d.describe() for d in damage),
+        )
+        return JobFinalized(job_id, JobState.DISCARDED, message)
 
     async def finish_many(self, outcomes: Sequence[Outcome]) -> None:
         now = self.now()
@@ -386,11 +456,12 @@ class SqliteBackend:
                     continue  # stale: the job moved on without this worker
                 current[out.job_id] = (queue, "done", attempt, cancel_requested, errors_json)  # once per batch
                 kind = out.kind
-                errors = json.loads(errors_json) if errors_json else []
+                errors, _ = read_errors(errors_json)
                 failed = 0
                 if out.error is not None:
                     e = out.error
                     errors.append({"attempt": e.attempt, "at": e.at, "message": e.message, "traceback": e.traceback})
+                    del errors[:-MAX_ERRORS_KEPT]
                     failed = 1 if kind in (OutcomeKind.RETRY, OutcomeKind.DISCARD) else 0
                 if cancel_requested and kind in (OutcomeKind.RETRY, OutcomeKind.SNOOZE, OutcomeKind.INTERRUPTED):
                     kind = OutcomeKind.CANCELLED
@@ -436,7 +507,9 @@ class SqliteBackend:
             row = conn.execute("SELECT state, errors FROM nj_jobs WHERE id = ?", (job_id,)).fetchone()
             if row is None:
                 raise JobNotFound(f"no job with id {job_id} in {self.url}")
-            state = JobState(row[0])
+            state = STATES.get(row[0]) if isinstance(row[0], str) else None
+            if state is None:
+                return JobState.DISCARDED, [self._set_aside(conn, job_id, [Damage("state", row[0], "a job state")], now)]
             if state.final:
                 if self._faults.late_cancel_overwrites and state is not JobState.CANCELLED:
                     conn.execute("UPDATE nj_jobs SET state = 'cancelled' WHERE id = ?", (job_id,))
@@ -445,7 +518,7 @@ class SqliteBackend:
                 cur = conn.execute("UPDATE nj_jobs SET cancel_requested = 1 WHERE id = ? AND cancel_requested = 0", (job_id,))
                 return state, [CancelRequested(job_id)] if cur.rowcount else []
             conn.execute("UPDATE nj_jobs SET state = 'cancelled', finalized_at = ? WHERE id = ?", (now, job_id))
-            errors = json.loads(row[1]) if row[1] else []
+            errors, _ = read_errors(row[1])
             return JobState.CANCELLED, [JobFinalized(job_id, JobState.CANCELLED, errors[-1]["message"] if errors else None)]
 
         state, events = await self._call(self._tx, body)
@@ -479,16 +552,32 @@ class SqliteBackend:
         now = self.now()
 
         def body(conn: sqlite3.Connection) -> tuple[list[int], list[BackendEvent]]:
+            # A running row with no readable heartbeat (NULL, or text written by hand) is stale
+            # too: otherwise it would stay running for ever.
             rows = conn.execute(
                 "SELECT id, queue, attempt, max_attempts, heartbeat_at, errors, cancel_requested FROM nj_jobs"
-                " WHERE state = 'running' AND heartbeat_at < ? ORDER BY id",
+                " WHERE state = 'running' AND (heartbeat_at < ? OR heartbeat_at IS NULL"
+                "  OR typeof(heartbeat_at) NOT IN ('integer', 'real')) ORDER BY id",
                 (stale_before,),
             ).fetchall()
             events: list[BackendEvent] = []
             for job_id, queue, attempt, max_attempts, beat, errors_json, cancel_requested in rows:
-                message = f"rescued: its worker stopped heartbeating at {beat:.3f} (worker lost)"
-                errors = json.loads(errors_json) if errors_json else []
-                errors.append({"attempt": attempt, "at": now, "message": message, "traceback": None})
+                if not (isinstance(attempt, int) and isinstance(max_attempts, int) and isinstance(queue, str)):
+                    damage = [
+                        Damage(column, value, expected)
+                        for column, value, expected, ok in (
+                            ("queue", queue, "text", isinstance(queue, str)),
+                            ("attempt", attempt, "an integer", isinstance(attempt, int)),
+                            ("max_attempts", max_attempts, "an integer", isinstance(max_attempts, int)),
+                        )
+                        if not ok
+                    ]
+                    events.append(self._set_aside(conn, job_id, damage, now))
+                    continue
+                message = rescue_message(beat)
+                errors, _ = read_errors(errors_json)
+                errors.append(error_entry(attempt, now, message))
+                del errors[:-MAX_ERRORS_KEPT]
                 if cancel_requested or attempt >= max_attempts:
                     state = JobState.CANCELLED if cancel_requested else JobState.DISCARDED
                     conn.execute(
@@ -540,7 +629,33 @@ class SqliteBackend:
         row = await self._call(body)
         if row is None:
             raise JobNotFound(f"no job with id {job_id} in {self.url}")
-        return job_from_row(row, json.loads(row[12] or "[]"))
+        job, damage = job_from_row(row)
+        if not damage:
+            return job
+        # Set aside (or repair) what cannot be read, once, and show the row as it is then.
+        await self._repair(job_id, row[4], damage)
+        row = await self._call(body)
+        if row is None:  # pragma: no cover - deleted meanwhile
+            raise JobNotFound(f"no job with id {job_id} in {self.url}")
+        return job_from_row(row)[0]
+
+    async def _repair(self, job_id: int, state: Any, damage: list[Damage]) -> None:
+        now = self.now()
+        pending = not (isinstance(state, str) and state in _FINAL)
+        set_aside = [d for d in damage if d.column in SET_ASIDE_COLUMNS]
+
+        def body(conn: sqlite3.Connection) -> list[BackendEvent]:
+            if pending and set_aside:
+                return [self._set_aside(conn, job_id, set_aside, now)]
+            if any(d.column == "errors" for d in damage):
+                (raw,) = conn.execute("SELECT errors FROM nj_jobs WHERE id = ?", (job_id,)).fetchone() or (None,)
+                entries, found = read_errors(raw)
+                if found is not None:
+                    conn.execute("UPDATE nj_jobs SET errors = ? WHERE id = ?", (json.dumps(entries), job_id))
+                    log.warning("SQLite %r: job %d: %s; replaced by a note", self.path, job_id, found.describe())
+            return []
+
+        self._emit(await self._call(self._tx, body))
 
     async def stats(self) -> Mapping[str, QueueCounts]:
         def body() -> Any:
@@ -549,4 +664,18 @@ class SqliteBackend:
                 "SELECT queue, state, COUNT(*), SUM(failed_attempts), SUM(interrupted) FROM nj_jobs GROUP BY queue, state"
             ).fetchall()
 
-        return counts_from_rows(await self._call(body))
+        rows = await self._call(body)
+        if any(r[1] not in STATES for r in rows):  # rows no job state names: set them aside, then count
+            now = self.now()
+
+            def set_aside(conn: sqlite3.Connection) -> list[BackendEvent]:
+                bad = conn.execute(
+                    "SELECT id, state FROM nj_jobs WHERE state NOT IN ("
+                    + ", ".join(f"'{s}'" for s in STATES)
+                    + ") OR typeof(state) != 'text'"
+                ).fetchall()
+                return [self._set_aside(conn, i, [Damage("state", st, "a job state")], now) for i, st in bad]
+
+            self._emit(await self._call(self._tx, set_aside))
+            rows = await self._call(body)
+        return counts_from_rows(rows)

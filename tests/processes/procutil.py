@@ -104,7 +104,7 @@ def jobs_inserted_under_write_lock(store: Store, count: int, *, kind: str = "rec
             conn.execute(psycopg.sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(table))
             with conn.cursor() as cur:
                 cur.executemany(
-                    psycopg.sql.SQL("INSERT INTO {} " + cols + " VALUES (%s, %s, %s::jsonb, %s, %s, %s, %s, %s)").format(
+                    psycopg.sql.SQL("INSERT INTO {} " + cols + " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)").format(
                         table
                     ),
                     rows,

@@ -1,0 +1,161 @@
+"""A damaged row hurts only itself (durable backends: their rows can be written by others).
+
+An operator's UPDATE, a damaged restore, another tool: whatever a row holds, the runtime never
+crashes on it and every other row goes on. A pending or running row whose scheduling columns
+cannot be read is set aside (discarded, with an error naming the column, and a warning naming
+the id); an unreadable error history is replaced by a note; a running row with no heartbeat is
+rescued like any other. (The memory backend's rows are only ever written by itself.)
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+
+import nursery_jobs as nj
+from nursery_jobs.backends.postgres import PostgresBackend
+from nursery_jobs.backends.sqlite import SqliteBackend
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend_name(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def damage(backend: nj.Backend, job_id: int, assignments: str, *params: Any) -> None:
+    """Write the row directly, as something other than the runtime would."""
+    if isinstance(backend, SqliteBackend):
+        with sqlite3.connect(backend.path) as conn:
+            conn.execute(f"UPDATE nj_jobs SET {assignments} WHERE id = ?", (*params, job_id))
+        return
+    assert isinstance(backend, PostgresBackend)
+    with psycopg.connect(backend.conninfo, autocommit=True) as conn:
+        conn.execute(
+            psycopg.sql.SQL("UPDATE {}.jobs SET " + assignments.replace("?", "%s") + " WHERE id = %s").format(
+                psycopg.sql.Identifier(backend.schema)
+            ),
+            (*params, job_id),
+        )
+
+
+BAD_ERRORS = {"sqlite": ["not json at all", '"a string"', '[1, {"attempt": "x"}]'], "postgres": ['"a string"', '{"a": 1}', '[1, {"attempt": "x"}]']}
+
+
+def _app() -> nj.App:
+    app = nj.App()
+    app.queue("q", max_workers=2, timeout=None)
+
+    @app.job(queue="q", max_attempts=3, retry=nj.RetryPolicy(base=1.0, factor=1.0, cap=1.0, jitter=0.0))
+    async def work(ctx: nj.JobContext, n: int) -> None:
+        if ctx.attempt == 1 and n == 1:
+            raise ValueError("first attempt fails")
+
+    return app
+
+
+@pytest.mark.parametrize("which", range(3))
+async def test_an_unreadable_error_history_does_not_block_rescue(make_backend, backend_name, autojump_clock, which):
+    bad = BAD_ERRORS[backend_name][which]
+    backend = make_backend()
+    app = _app()
+    async with nj.open_runtime(app, backend=backend, queues=[]) as rt:
+        ids = await rt.enqueue_many("work", [{"n": 0}, {"n": 0}, {"n": 0}])
+        claimed = await backend.claim("q", 3)  # a worker that then crashed
+        assert [j.id for j in claimed.jobs] == ids
+        damage(backend, ids[1], "errors = ?", bad)
+        rescued = await backend.rescue(backend.now() + 1)
+        jobs = [await rt.get_job(i) for i in ids]
+    assert rescued == ids
+    assert [j.state for j in jobs] == [nj.JobState.AVAILABLE] * 3
+    messages = [e.message for e in jobs[1].errors]
+    assert any("unreadable entry of this job's errors was replaced" in m for m in messages), messages
+    assert messages[-1].startswith("rescued: its worker stopped heartbeating"), messages
+
+
+@pytest.mark.parametrize("which", range(3))
+async def test_an_unreadable_error_history_on_a_pending_row_does_not_crash_the_runtime(
+    make_backend, backend_name, autojump_clock, which
+):
+    bad = BAD_ERRORS[backend_name][which]
+    backend = make_backend()
+    app = _app()
+    async with nj.open_runtime(app, backend=backend, queues=[]) as rt:
+        job_id = await rt.enqueue("work", {"n": 1})
+        damage(backend, job_id, "errors = ?", bad)
+    async with nj.open_runtime(app, backend=backend) as rt:
+        receipt = await rt.wait(job_id, timeout=30)
+        job = await rt.get_job(job_id)
+    assert receipt.state is nj.JobState.COMPLETED, job
+    assert job.attempt == 2 and job.errors[-1].message == "ValueError: first attempt fails"
+
+
+async def test_a_running_row_with_no_heartbeat_is_rescued(make_backend, autojump_clock):
+    backend = make_backend()
+    async with nj.open_runtime(_app(), backend=backend, queues=[]) as rt:
+        job_id = await rt.enqueue("work", {"n": 0})
+        await backend.claim("q", 1)
+        damage(backend, job_id, "heartbeat_at = NULL")
+        assert await backend.rescue(backend.now() - 3600) == [job_id]
+        job = await rt.get_job(job_id)
+    assert job.state is nj.JobState.AVAILABLE
+    assert job.errors[-1].message == "rescued: its running row had no readable heartbeat (worker lost)"
+
+
+async def test_stored_args_that_do_not_fit_the_handler_are_discarded_at_once(make_backend, autojump_clock):
+    backend = make_backend()
+    app = _app()
+    async with nj.open_runtime(app, backend=backend, queues=[]) as enqueuer:
+        misfit = await enqueuer.enqueue("work", {"n": 5})
+        undecodable = await enqueuer.enqueue("work", {"n": 6})
+    damage(backend, misfit, "args = ?", '{"n": 5, "extra": true}')
+    damage(backend, undecodable, "args = ?", "{not json")
+    async with nj.open_runtime(app, backend=backend) as rt:
+        later = await rt.enqueue("work", {"n": 7})
+        receipts = [await rt.wait(i, timeout=30) for i in (misfit, undecodable, later)]
+        jobs = [await rt.get_job(i) for i in (misfit, undecodable)]
+    assert [r.state for r in receipts] == [nj.JobState.DISCARDED, nj.JobState.DISCARDED, nj.JobState.COMPLETED]
+    assert [j.attempt for j in jobs] == [1, 1]  # not retried max_attempts times
+    assert "job args do not fit the handler" in jobs[0].errors[-1].message and "extra" in jobs[0].errors[-1].message
+    assert "job args could not be decoded" in jobs[1].errors[-1].message
+
+
+# -- SQLite has no check constraints: any column may hold any type --
+
+
+@pytest.mark.parametrize(
+    ("assignment", "value", "column"),
+    [
+        ("state = ?", "bogus", "state"),
+        ("priority = ?", "high", "priority"),
+        ("kind = ?", b"work", "kind"),
+        ("run_at = ?", "tomorrow", "run_at"),
+        ("max_attempts = ?", 2.5, "max_attempts"),
+    ],
+)
+async def test_sqlite_a_row_with_unreadable_columns_is_set_aside_and_the_rest_goes_on(
+    tmp_path, autojump_clock, caplog, assignment, value, column
+):
+    backend = SqliteBackend(str(tmp_path / "jobs.db"), clock=trio.current_time)
+    backend.poll_interval = 60.0
+    app = _app()
+    caplog.set_level(logging.WARNING, logger="nursery_jobs")
+    async with nj.open_runtime(app, backend=backend, queues=[]) as rt:
+        ids = await rt.enqueue_many("work", [{"n": 0}, {"n": 0}, {"n": 0}])
+        damage(backend, ids[1], assignment, value)
+    async with nj.open_runtime(app, backend=backend) as rt:
+        for i in (ids[0], ids[2]):
+            assert (await rt.wait(i, timeout=30)).state is nj.JobState.COMPLETED
+        await trio.sleep(1)
+        stats = (await rt.stats())["q"]
+        bad = await rt.get_job(ids[1])
+        again = await rt.get_job(ids[1])
+    assert bad.state is nj.JobState.DISCARDED and bad == again
+    assert f"set aside, the row could not be read (column {column} holds {value!r}" in bad.errors[-1].message
+    assert stats.completed == 2 and stats.discarded == 1 and stats.queued == 0
+    warnings = [r.getMessage() for r in caplog.records if "set aside" in r.getMessage()]
+    assert len(warnings) == 1 and f"job {ids[1]} set aside" in warnings[0] and column in warnings[0], warnings
