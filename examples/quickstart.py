@@ -4,10 +4,10 @@ and a summary, on the embedded memory backend.
     .venv/bin/python examples/quickstart.py             # about 4 s, exits 0
     .venv/bin/python examples/quickstart.py --jobs 5000  # long enough to press Ctrl-C
 
-The queues and numbers come from the design note the project grew out of (shared/seeds/000):
-"index" runs 4 jobs at once with a 30 s timeout, "webhook" runs 8 at once with a 15 s timeout, so
-a slow endpoint can fill the webhook pool but never delay indexing. The work itself is simulated
-with `trio.sleep`; everything else is the real runtime.
+Two queues, each with its own pool: "index" runs 4 jobs at once with a 30 s timeout, "webhook" 8
+at once with a 15 s timeout (deliveries mostly wait on remote endpoints, so more run at once, and
+each is cut sooner). A slow endpoint can fill the webhook pool but never delay indexing. The
+work itself is simulated with `trio.sleep`; everything else is the real runtime.
 
 Ctrl-C (SIGINT) or SIGTERM stops it gracefully: `nj.run` cancels `main`, stops claiming, gives the
 running jobs up to `--grace` seconds, interrupts what is left, and returns None. A second signal
@@ -55,8 +55,10 @@ class Demo:
     """Multiplies every simulated duration; the tests raise it to have jobs still running."""
     snoozed: dict[str, int] = {"index": 0, "webhook": 0}
     in_flight: set[str] = set()
-    """Endpoints with a delivery in progress. The seed keeps this as a lease row in the database
-    so it holds across processes; one process on the memory backend can keep it in a set."""
+    """Endpoints with a delivery in progress. Across processes this would be a lease row in the
+    database, taken by one autocommit UPDATE and set to expire after longer than the job's timeout,
+    so a crashed worker's lease frees itself and no transaction stays open during the POST; one
+    process on the memory backend can keep it in a set."""
 
 
 class SearchEngineBusy(Exception):

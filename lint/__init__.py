@@ -7,7 +7,7 @@ and bridged asyncio task lives under a nursery the runtime owns, so shutdown can
 order, a timeout can cancel it, and the property suites can account for it. One
 ``nursery.start_soon`` in job code, one ``threading.Thread``, one ``atexit.register`` breaks that
 promise silently: the code works, the tests pass, and the task outlives its job in production.
-The architecture's rule is therefore "only ``nursery_jobs/infra/`` spawns"; this package turns
+The design's rule is therefore "only ``nursery_jobs/infra/`` spawns"; this package turns
 the rule into a gate.
 
 The naive approach, and why it fails

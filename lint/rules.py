@@ -278,7 +278,7 @@ than the literal `False`, or with a `**kwargs` unpacking the lint cannot see int
 applies inside `allow` paths.
 
 Why: an abandoned thread keeps running after its caller was cancelled. Nobody waits for it,
-nobody sees its errors, and it can outlive the runtime. The architecture promises that no thread
+nobody sees its errors, and it can outlive the runtime. The runtime promises that no thread
 is abandoned on cancel, in infra as much as anywhere.
 
 Does not fire on: `abandon_on_cancel=False`, or no such keyword.

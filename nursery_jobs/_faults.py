@@ -1,8 +1,9 @@
 """Planted faults for the property suite's mutants. Only `tests/` ever sets one.
 
-Each flag turns on one named bug from the mutant column of the property table
-(shared/design/lint-and-properties.md, part 2.4); `tests/properties/test_mutants.py` proves
-that the property guarding it goes red. A property that no mutant can turn red is a toy.
+Each flag turns on one named bug, the mutant of one property of the suite in
+`tests/properties/` (each `test_pNN_*.py` states its property and sets its `MUTANT`);
+`tests/properties/test_mutants.py` proves that the property guarding it goes red. A property that
+no mutant can turn red is a toy: it would pass whatever the code did.
 Production code reads these flags only at the few places the bugs would live.
 """
 

@@ -3,8 +3,10 @@
 Workers never write outcomes themselves: they `push` them here, which costs a list append and
 an event. The completer wakes as soon as anything is pending and writes *everything* pending in
 one `finish_many` call, so a busy queue gets large batches (one round trip for many outcomes) and
-an idle queue gets its single outcome written at once -- there is no fixed flush tick (River's
-250 ms completer tick is what made the seed's in-request receipts slow).
+an idle queue gets its single outcome written at once -- there is no fixed flush tick. A request
+that waits for a job's receipt waits for its outcome to be written, so a tick would add up to its
+whole period to every such request (River's batch completer records outcomes every 250 ms, and
+that cannot be configured).
 
 Shutdown stops it last: after running jobs are finished or cancelled, `stop()` lets it drain
 what is pending and return. `drain_inline` writes anything left over if the completer task itself

@@ -2,13 +2,13 @@
 
 | Constant | Default | Effect | Reason |
 |---|---|---|---|
-| `grace` | 20 s | how long shutdown waits for running jobs before cancelling them | the seed's rolling redeploy: long enough for most jobs, short enough for the orchestrator's kill |
+| `grace` | 20 s | how long shutdown waits for running jobs before cancelling them | a rolling redeploy stops every process in turn: 20 s lets most jobs finish; a job cut at the end is interrupted, not failed, and on a durable backend runs again, so a longer grace would only slow the deploy and risk the process manager's kill |
 | `flush_bound` | 5 s | how long shutdown gives cancelled jobs' cleanup and the final completer flush | shutdown must be bounded; cleanup runs shielded but never unbounded |
 | `max_workers` ("default" queue) | 10 | jobs at once in the default queue | a pool per queue keeps a slow queue from starving another |
 | `timeout` ("default" queue) | 60 s | hard per-attempt timeout (a Trio cancel scope) | River's default `JobTimeout` of 1 min; every wait is bounded |
 | `max_attempts` | 25 | attempts before a failing job is discarded | River's count: with the default backoff, about three days of retries |
 | `RetryPolicy` | 1 s x 2^(n-1), cap 6 h, +/-10 % jitter | delay before attempt n+1 | exponential so transient faults clear fast and outages are not hammered; jitter spreads a thundering herd |
-| `max_waiters` | 64 per queue | receipts waited for at once; beyond it `wait` answers "not done" at once | the seed's in-request waiting: backpressure instead of an unbounded queue of waiters |
+| `max_waiters` | 64 per queue | receipts waited for at once; beyond it `wait` answers "not done" at once | a request waits for a receipt for a second or two at most; in a burst, answering "not done yet" at once keeps requests fast and memory bounded, where an unbounded pile of waiters would hold every request open |
 | `thread_limit` | 16 | concurrent `run_blocking` threads | blocking code must not take every core nor grow without bound |
 | `heartbeat_interval` | 5 s | how often a process renews the claim on its running jobs | often enough that `rescue_after` can be short |
 | `rescue_after` | 60 s | a running job whose heartbeat is older is made available again by any process | River's 1 h default leaves crashed jobs stuck for an hour; a heartbeat makes a short bound safe |

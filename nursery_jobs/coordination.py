@@ -6,9 +6,10 @@ one listener per runtime fans them out to the waiters -- never by each request p
 database. The waiter registers *before* it reads the job's state, so a job finalized between the
 read and the wait is never missed.
 
-Backpressure: at most `max_waiters` receipts are awaited at once per queue. Beyond that `wait`
-answers at once with `done=False` instead of queueing the request (the seed's 64 waiters per
-channel): a burst of requests degrades to "not done yet", never to an unbounded pile of waiters.
+Backpressure: at most `max_waiters` receipts (64 by default) are awaited at once per queue.
+Beyond that `wait` answers at once with `done=False` instead of queueing the request: a burst of
+requests degrades to "not done yet", never to an unbounded pile of waiters that holds every
+request open and grows without limit while the workers are behind.
 """
 
 from __future__ import annotations

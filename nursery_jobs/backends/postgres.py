@@ -340,8 +340,8 @@ class PostgresBackend:
         self._workers = workers if self._workers is None else max(self._workers, workers)
         needs = workers + 2  # + the runtime's own calls (fetch, complete, maintenance) + the listener
         if self._auto_pool:
-            # No pool_size given: size the pool to the first runtime's needs, with the
-            # seed's half left for the service's own requests.
+            # No pool_size given: size the pool to the first runtime's needs, with half left
+            # for the service's own requests, so a burst of jobs cannot starve its handlers.
             if self._pool is None:
                 self.pool_size = max(4, int(needs / self.pool_share))
             return

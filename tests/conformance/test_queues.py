@@ -9,8 +9,8 @@ import nursery_jobs as nj
 
 
 async def test_blocked_webhook_queue_does_not_delay_index_jobs(make_backend, autojump_clock):
-    # The seed's unit test: fill the webhook queue with jobs that never finish and check that
-    # index jobs still finish on time.
+    # Each queue has its own pool, so a slow endpoint must not slow anything else: fill the
+    # webhook queue with jobs that never finish and check that index jobs still finish on time.
     app = nj.App()
     app.queue("index", max_workers=4, timeout=30)
     app.queue("webhook", max_workers=8, timeout=None)

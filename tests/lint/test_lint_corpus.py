@@ -131,7 +131,7 @@ class Executor:
 
 
 def test_runtime_code_outside_infra_is_clean() -> None:
-    # what the brief says the runtime writes outside infra: none of it may fire
+    # the patterns the runtime itself writes outside infra: none of them may fire
     findings = check_source(RUNTIME_CODE_OUTSIDE_INFRA, "nursery_jobs/executor.py", CONFIG)
     assert findings == []
 

@@ -78,7 +78,7 @@ async def test_connection_budget_is_checked_at_start(pg_url):
     with pytest.raises(nj.ConfigError, match=r"22 queue workers \+ 1 runtime \+ 1 listener = 24 connections, but pool_size 40 x pool_share 0.5 = 20"):
         async with nj.open_runtime(app, backend=f"{pg_url}?pool_size=40"):
             pass
-    # the seed's numbers: 19 workers fit in half of 40 once the default queue is trimmed
+    # trim the default queue and the same queues fit: 1 + 4 + 8 workers + 2 = 15 <= 20
     app2 = nj.App()
     app2.queue("default", max_workers=1)
     app2.queue("index", max_workers=4)
@@ -132,8 +132,8 @@ async def test_claim_uses_the_partial_indexes_at_100k_rows(pg_url):
 
 
 async def test_two_inserts_5ms_apart_both_start_without_waiting_for_a_poll(pg_url):
-    # The seed's queue lost the second wake-up of a write (a fetch cooldown) and the job waited
-    # a full poll. Polling is set to 60 s here, so only the wake-ups can start these jobs.
+    # A fetch cooldown would drop the second wake-up of a write and leave that job waiting a full
+    # poll. Polling is set to 60 s here, so only the wake-ups can start these jobs.
     app = nj.App()
     app.queue("index", max_workers=2, timeout=10, poll_interval=60)
     started = {}

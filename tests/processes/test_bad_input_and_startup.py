@@ -90,7 +90,8 @@ def test_missing_schema_at_startup_tells_to_migrate(spawner, pg_url):
 def test_startup_error_reaches_the_service_as_the_library_error_itself(spawner, which, request):
     """worker.py catches `nj.NurseryJobsError` around `nj.run` and prints one line (exit 2), as a
     service would; that works only if `nj.run` raises the error itself, as `open_runtime` does,
-    not wrapped in the runtime's exception groups (it once was: /tmp/proc_bugs.md, PROC-1)."""
+    not wrapped in the runtime's exception groups (it once was, and the service's `except`
+    missed it)."""
     url = _unreachable_url() if which == "unreachable" else _missing_schema_url(request.getfixturevalue("pg_url"))
     code, stderr = _run_expecting_failure(spawner, url)
     expected = "worker: BackendUnavailable: cannot connect" if which == "unreachable" else "worker: ConfigError: "

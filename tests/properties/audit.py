@@ -24,7 +24,7 @@ from nursery_jobs._context import current_job_id
 
 
 class PropertyFailed(AssertionError):
-    """A property of the table in lint-and-properties.md 2.4 does not hold. `prop` is its id
+    """A property of the suite (one `test_pNN_*.py` module each) does not hold. `prop` is its id
     ("P01" ... "P15"), so the mutant meta-test can check *which* property went red."""
 
     def __init__(self, prop: str, message: str) -> None:

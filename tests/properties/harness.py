@@ -1,5 +1,7 @@
 """The property harness: scripted jobs drawn as data, one fresh `trio.run` per example, and the
-style-B command loop that drives the runtime and the reference model side by side.
+command loop that drives the runtime and the reference model side by side: commands drawn one at
+a time from `st.data()` inside the one `trio.run`, each depending on the model's current state
+(Hypothesis has no async stateful testing, and a draw is a plain sync call a Trio task can make).
 
 One example (`Example.run`) is:
 

@@ -1,7 +1,8 @@
 """The reference model: what the runtime must do, as a pure-Python discrete-event simulation.
 
-Written from the specification (architecture.md, the module docstrings of the public API, and
-the property table), not from the runtime's code: two descriptions that must agree. No Trio,
+Written from the specification (the pages in docs/, the module docstrings of the public API,
+and the statement at the top of each property module), not from the runtime's code: two
+descriptions that must agree. No Trio,
 no I/O; virtual time is a float that only `advance_to`, `enqueue`, `cancel`, `open` and
 `shutdown` move or act at.
 

@@ -1,10 +1,10 @@
 """The property suite proven red: each property, run against its mutant, must fail.
 
-A property that no bug can turn red is a toy (lint-and-properties.md 2.5). For every property
-below, its module's `check(data, faults)` -- the very body its own test runs -- is wrapped in a
-fresh `@given` with the module's `MUTANT` flags (`nursery_jobs._faults.Faults`, set only by
-tests) and a fixed example budget, without the example database and without shrinking. The
-meta-test passes only if Hypothesis finds a failing example *and* the failure is reported by
+A property that no bug can turn red is a toy: it would pass whatever the code did. For every
+property below, its module's `check(data, faults)` -- the very body its own test runs -- is
+wrapped in a fresh `@given` with the module's `MUTANT` flags (`nursery_jobs._faults.Faults`, set
+only by tests) and a fixed example budget, without the example database and without shrinking.
+The meta-test passes only if Hypothesis finds a failing example *and* the failure is reported by
 that property (`PropertyFailed.prop`), not by some other check tripping first.
 """
 

@@ -1,7 +1,7 @@
 """P01 -- containment: every task spawned on behalf of a job, or by a runtime service, has the
 runtime's owner task among its ancestors, and no system task appears.
 
-How: the style-B command loop (harness.Example) with scripted jobs that spawn children through
+How: the harness's command loop (harness.Example) with scripted jobs that spawn children through
 `ctx.children()`. `TaskAudit.task_spawned` attributes each new task to a job (its context's job id,
 else its spawner's) and walks its ancestor chain (`eventual_parent_nursery or parent_nursery`);
 an escape is recorded, and raised at the next quiescent point. P01 is also ambient: every other

@@ -1,6 +1,6 @@
 """P03 -- nothing lost, duplicated or invented (Jepsen's total-queue check).
 
-How: the style-B command loop with bursts, many workers and short jobs (so outcomes pile up
+How: the harness's command loop with bursts, many workers and short jobs (so outcomes pile up
 into batches), shutdowns with restarts on the same backend (interrupted jobs are "recovered"
 and must run again), cancels and hung jobs. After the final drain: the accepted job ids and
 the `JobFinalized` records are equal as multisets -- nothing lost, no id unexpected, exactly

@@ -1,6 +1,6 @@
 """P04 -- attempt accounting.
 
-How: the style-B command loop with snooze-heavy scripts, failures, timeouts, cancels and
+How: the harness's command loop with snooze-heavy scripts, failures, timeouts, cancels and
 restarts. From the history the scripted handlers write (each start records `ctx.attempt`):
 no start after the job's terminal record, no attempt number above `max_attempts`, and every
 attempt number equal to the reference model's -- where a failure or a timeout costs one

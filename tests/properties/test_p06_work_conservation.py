@@ -1,6 +1,6 @@
 """P06 -- work conservation and no lost wake-up.
 
-How: the style-B command loop on a backend whose claim answers after a checkpoint (the round
+How: the harness's command loop on a backend whose claim answers after a checkpoint (the round
 trip of a durable backend), with bursts of back-to-back enqueues so that inserts land while a
 claim is in flight, plus delays, retries and snoozes whose due-time wake-ups land the same way.
 At every quiescent point, for each queue: if the backend holds a job that is due, the queue

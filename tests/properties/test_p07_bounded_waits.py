@@ -1,6 +1,6 @@
 """P07 -- bounded waits and backpressure for receipts.
 
-How: the style-B command loop with many `rt.wait(job, timeout=T)` probes, each a task of the
+How: the harness's command loop with many `rt.wait(job, timeout=T)` probes, each a task of the
 example's own nursery that records when it returned and what. After the run every probe is
 checked, in start order, against the model's finalization times and the runtime's waiter limit:
 - a job already final when the wait starts answers at once, done, with its final state;

@@ -1,6 +1,6 @@
 """P08 -- order and isolation against the model.
 
-How: the style-B command loop with priorities, delays, one or two queues of one or two
+How: the harness's command loop with priorities, delays, one or two queues of one or two
 workers, and hung jobs that saturate a queue. After the run, per queue, the attempts started
 (time, job, attempt) equal the reference model's: no job starts before its `run_at`, starts
 follow (priority, run_at, insertion order) whenever a worker frees, and with `max_workers=1`

@@ -1,6 +1,6 @@
 """P09 -- timeouts are exact and typed; which scope fired decides the outcome.
 
-How: the style-B command loop on queues that all have a timeout T (k + 0.5, so it never ties
+How: the harness's command loop on queues that all have a timeout T (k + 0.5, so it never ties
 with an integer duration), with hung jobs, children, remote cancels and shutdowns. After the
 run: every attempt ended at exactly the model's time (a too-long one at `start + T`); each job's
 recorded errors equal the model's -- a timeout is a retryable failure "timed out after T s", a

@@ -1,6 +1,6 @@
 """P10 -- cancellation semantics.
 
-How: the style-B command loop with cancels of jobs in every state (pending, running, final,
+How: the harness's command loop with cancels of jobs in every state (pending, running, final,
 already cancelled). Each `rt.cancel` is checked at once: it answers what the model answers
 (cancelled for a pending job, running for a running one, the final state for a final one),
 and a final job's state is unchanged by it -- so a cancel is idempotent and a late cancel is a

@@ -1,7 +1,7 @@
 """P11 -- errors reach someone; failures are isolated.
 
 How, two tests:
-- isolation: the style-B command loop with failure-heavy scripts; every job's errors and final
+- isolation: the harness's command loop with failure-heavy scripts; every job's errors and final
   state equal the model's, in which a failure touches only its own job (retry per its queue's
   policy, discard once attempts are spent). `check_isolation` compares each queue also against a
   model replayed with only that queue's jobs.

@@ -1,6 +1,6 @@
 """P13 -- graceful shutdown, in order and on time.
 
-How: the style-B command loop with frequent shutdowns (each followed by a restart on the same
+How: the harness's command loop with frequent shutdowns (each followed by a restart on the same
 backend), grace G = k + 0.25, an optional second signal (`rt.skip_grace()` from a probe task at
 t0 + k + 0.125), hung and long jobs, and a probe task that races the shutdown with enqueues.
 Right after each `open_runtime` block exits:
