@@ -45,14 +45,19 @@ class Receipts:
         if event is not None:
             event.set()
 
+    def _listen(self, job_id: int) -> trio.Event:
+        """The event the next finalization of `job_id` sets (shared by its waiters)."""
+        event = self._events.get(job_id)
+        if event is None:
+            event = self._events[job_id] = trio.Event()
+        return event
+
     async def wait(self, job_id: int, timeout: float) -> Receipt:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout < 0:
             raise ConfigError(f"wait timeout must be a finite number of seconds >= 0, not {timeout!r}; every wait is bounded")
         await trio.lowlevel.checkpoint()
         backend = self._rt.backend
-        event = self._events.get(job_id)
-        if event is None:
-            event = self._events[job_id] = trio.Event()
+        event = self._listen(job_id)
         self._refs[job_id] = self._refs.get(job_id, 0) + 1
         queue = None
         try:
@@ -77,8 +82,12 @@ class Receipts:
                 with trio.move_on_at(min(deadline, trio.current_time() + poll)):
                     await event.wait()
                 job = await backend.get_job(job_id)
-                if job.state.final or event.is_set() or trio.current_time() >= deadline:
+                if job.state.final or trio.current_time() >= deadline:
                     return _receipt(job)
+                if event.is_set():
+                    # Woken, but the row says not final: the wake-up was a hint that did not
+                    # hold (a notification anyone connected may send). Listen again.
+                    event = self._listen(job_id)
         finally:
             if queue is not None:
                 self._per_queue[queue] -= 1

@@ -49,6 +49,7 @@ from .errors import ArgsError, ConfigError, RuntimeClosed
 from .executor import Attempt, QueueExecutor
 from .infra.owner import TaskOwner, open_owner
 from .infra.runner import run_trio, watch_shutdown_signals
+from .infra.sync import Wakeup
 from .jobs import Job, JobId, JobState, Receipt, _ExistingJobId, check_job_id, encode_args
 
 __all__ = ["QueueStats", "Runtime", "open_runtime", "run"]
@@ -109,6 +110,8 @@ class Runtime:
         self._maintenance_scope = trio.CancelScope()
         self._backend_scope = trio.CancelScope()
         self._backend_ready = trio.Event()
+        self._cancel_hints: set[int] = set()
+        self._hinted = Wakeup()
 
     def __repr__(self) -> str:
         return f"<Runtime backend={self.backend.url!r} queues={sorted(self.executors)} closing={self.closing}>"
@@ -126,12 +129,15 @@ class Runtime:
                 executor = self.executors.get(event.queue)
                 if executor is not None:
                     executor.wake(event.due)
-        elif isinstance(event, JobFinalized):
-            self.receipts.on_finalized(event.job_id)
         elif isinstance(event, CancelRequested):
             attempt = self.attempts.get(event.job_id)
-            if attempt is not None:
+            if attempt is None:
+                return
+            if event.verified:
                 attempt.cancel("cancel")
+            elif len(self._cancel_hints) < len(self.attempts) + 1:  # bounded by what runs here
+                self._cancel_hints.add(event.job_id)
+                self._hinted.set()
 
     async def _serve_backend(self) -> None:
         """The backend's own service (the LISTEN connection), stopped last."""
@@ -155,6 +161,7 @@ class Runtime:
             async with open_owner("maintenance") as owner:
                 owner.spawn(self._heartbeats, name="heartbeats")
                 owner.spawn(self._upkeep, name="upkeep")
+                owner.spawn(self._read_back_cancel_hints, name="cancel-hints")
 
     async def _heartbeats(self) -> None:
         """Every `heartbeat_interval`, renew the running jobs' heartbeats.
@@ -195,6 +202,30 @@ class Runtime:
                 found = self.attempts.get(job_id)
                 if found is not None and found.job.attempt == attempt_no:
                     found.cancel("lost")
+            for job_id in result.cancel:
+                found = self.attempts.get(job_id)
+                if found is not None:
+                    found.cancel("cancel")
+
+    async def _read_back_cancel_hints(self) -> None:
+        """A cancel request that arrived as a notification from another process is a hint,
+        not an authority (on PostgreSQL any session that can connect may NOTIFY): read the rows
+        of the hinted attempts that run here, in one `heartbeat` call, and cancel only those
+        whose row says their cancellation was requested. A call that fails leaves the request to
+        the next regular heartbeat, which reads the same flag."""
+        while True:
+            await self._hinted.wait()
+            hinted, self._cancel_hints = self._cancel_hints, set()
+            running = [(a.job.id, a.job.attempt) for i in sorted(hinted) if (a := self.attempts.get(i)) is not None]
+            if not running:
+                continue
+            try:
+                result = await self.backend.heartbeat(running)
+            except Exception:
+                log.warning(
+                    "could not read back %d cancel requests; the next heartbeat will", len(running), exc_info=True
+                )
+                continue
             for job_id in result.cancel:
                 found = self.attempts.get(job_id)
                 if found is not None:

@@ -14,7 +14,10 @@ Vocabulary:
   same attempt is ignored (stale). A non-final outcome (retry, snooze, interrupted) of a job
   whose cancellation was requested while it ran ends it as cancelled instead.
 - Events (`JobsAvailable`, `CancelRequested`, `JobFinalized`) are delivered to every listener,
-  in order, without blocking the backend.
+  in order, without blocking the backend. An event that comes from outside the process (a
+  PostgreSQL notification) is only a hint: a `JobsAvailable` causes a claim, a `JobFinalized` a
+  re-read of the job, a `CancelRequested(verified=False)` a re-read of its row; none of them
+  changes a job by itself.
 """
 
 from __future__ import annotations
@@ -131,6 +134,11 @@ class JobsAvailable(NamedTuple):
 
 class CancelRequested(NamedTuple):
     job_id: int
+    verified: bool = True
+    """False when it only says "someone asked" (a PostgreSQL notification, which any session
+    that can connect may send, with no privilege check): the runtime then reads the job's row
+    (`heartbeat`) and cancels only if the table says so. A notification is a hint to re-read,
+    never an authority."""
 
 
 class JobFinalized(NamedTuple):

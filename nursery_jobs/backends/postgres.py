@@ -422,7 +422,7 @@ class PostgresBackend:
         events: list[BackendEvent] = []
         for text in ids.split(","):
             if text.isdigit():
-                events.append(JobFinalized(int(text), None) if kind == "f" else CancelRequested(int(text)))
+                events.append(JobFinalized(int(text), None) if kind == "f" else CancelRequested(int(text), False))
         self._emit(events)
 
     # -- protocol --
