@@ -4,18 +4,18 @@
 |---|---|---|---|
 | `grace` | 20 s | how long shutdown waits for running jobs before cancelling them | a rolling redeploy stops every process in turn: 20 s lets most jobs finish; a job cut at the end is interrupted, not failed, and on a durable backend runs again, so a longer grace would only slow the deploy and risk the process manager's kill |
 | `flush_bound` | 5 s | how long shutdown gives cancelled jobs' cleanup and the final completer flush | shutdown must be bounded; cleanup runs shielded but never unbounded |
-| `max_workers` ("default" queue) | 10 | jobs at once in the default queue | a pool per queue keeps a slow queue from starving another |
+| `max_workers` ("default" queue) | 10 (at most 10,000 per queue) | jobs at once in the default queue | a pool per queue keeps a slow queue from starving another; each worker is a task, so past 10,000 run more processes |
 | `timeout` ("default" queue) | 60 s | hard per-attempt timeout (a Trio cancel scope) | River's default `JobTimeout` of 1 min; every wait is bounded |
 | `max_attempts` | 25 | attempts before a failing job is discarded | River's count: with the default backoff, about three days of retries |
-| `RetryPolicy` | 1 s x 2^(n-1), cap 6 h, +/-10 % jitter | delay before attempt n+1 | exponential so transient faults clear fast and outages are not hammered; jitter spreads a thundering herd |
+| `RetryPolicy` | 1 s x 2^(n-1), cap 6 h (at most 1e9 s), +/-10 % jitter | delay before attempt n+1 | exponential so transient faults clear fast and outages are not hammered; jitter spreads a thundering herd |
 | `max_waiters` | 64 per queue | receipts waited for at once; beyond it `wait` answers "not done" at once | a request waits for a receipt for a second or two at most; in a burst, answering "not done yet" at once keeps requests fast and memory bounded, where an unbounded pile of waiters would hold every request open |
 | `thread_limit` | 16 | concurrent `run_blocking` threads | blocking code must not take every core nor grow without bound |
-| `heartbeat_interval` | 5 s | how often a process renews the claim on its running jobs | often enough that `rescue_after` can be short |
+| `heartbeat_interval` | 5 s (at least 0.01 s) | how often a process renews the claim on its running jobs | often enough that `rescue_after` can be short |
 | `rescue_after` | 60 s | a running job whose heartbeat is older is made available again by any process | River's 1 h default leaves crashed jobs stuck for an hour; a heartbeat makes a short bound safe |
 | `rescue_interval` | 15 s | how often each process looks for stale running jobs | a quarter of `rescue_after`: a crashed job waits at most ~1.25 x `rescue_after` |
 | `keep_completed` / `keep_cancelled` / `keep_discarded` | 24 h / 24 h / 7 days | final jobs are deleted this long after they ended | River's periods: discarded jobs are what an operator investigates, so they stay longest |
-| `retention_interval` | 5 min | how often retention runs | deletes in small, frequent batches instead of one large sweep |
-| `poll_interval` | backend's (memory: none; SQLite: 1 s) | fallback fetch when no wake-up arrives, and how often a receipt awaited in another process looks again; `QueueConfig.poll_interval` overrides per queue (awaited queues: 0.1 s) | wake-ups from other processes can be lost or absent; polling bounds the delay |
+| `retention_interval` | 5 min (at least 1 s) | how often retention runs | deletes in small, frequent batches instead of one large sweep; a shorter interval only spins a DELETE loop |
+| `poll_interval` | backend's (memory: none; SQLite and PostgreSQL: 1 s); at least 0.01 s | fallback fetch when no wake-up arrives, and how often a receipt awaited in another process looks again; `QueueConfig.poll_interval` overrides per queue (awaited queues: 0.1 s) | wake-ups from other processes can be lost or absent; polling bounds the delay |
 """
 
 from __future__ import annotations
@@ -104,6 +104,39 @@ def _positive_int(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         raise ConfigError(f"{attr.name} must be an int >= 1, not {value!r}")
 
 
+MAX_WORKERS = 10_000
+"""Workers of one queue in one process: each is a task; past this, run more processes."""
+
+
+def _worker_count(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    _positive_int(_inst, attr, value)
+    if value > MAX_WORKERS:
+        raise ConfigError(
+            f"{attr.name} must be at most {MAX_WORKERS:,} (one task each), not {value!r}; run more processes "
+            "for more concurrency"
+        )
+
+
+def _at_least(low: float) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
+    """A finite number of seconds >= `low`: a timer below it would make its loop spin."""
+
+    def check(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low:
+            raise ConfigError(f"{attr.name} must be a finite number of seconds >= {low:g}, not {value!r}")
+
+    return check
+
+
+def _poll_interval(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    _timeout_validator(_inst, attr, value)
+    if value is not None and value < MIN_POLL_INTERVAL:
+        raise ConfigError(f"{attr.name} must be at least {MIN_POLL_INTERVAL:g} s (or None), not {value!r}")
+
+
+MIN_POLL_INTERVAL = 0.01
+"""A queue polls at most 100 times a second when no wake-up comes: polling faster only spins."""
+
+
 def _non_negative(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise ConfigError(f"{attr.name} must be a finite number >= 0, not {value!r}")
@@ -117,9 +150,9 @@ class QueueConfig:
     """
 
     name: str = attrs.field(validator=_check_name("queue"))
-    max_workers: int = attrs.field(validator=_positive_int)
+    max_workers: int = attrs.field(validator=_worker_count)
     timeout: float | None = attrs.field(validator=_timeout_validator)
-    poll_interval: float | None = attrs.field(default=None, validator=_timeout_validator)
+    poll_interval: float | None = attrs.field(default=None, validator=_poll_interval)
     """Fallback fetch period for this queue; None uses the backend's."""
 
 
@@ -171,17 +204,15 @@ class RuntimeSettings:
     flush_bound: float = attrs.field(default=5.0, validator=_non_negative)
     max_waiters: int = attrs.field(default=64, validator=_positive_int)
     thread_limit: int = attrs.field(default=16, validator=_positive_int)
-    heartbeat_interval: float = attrs.field(default=5.0, validator=_non_negative)
+    heartbeat_interval: float = attrs.field(default=5.0, validator=_at_least(0.01))
     rescue_after: float = attrs.field(default=60.0, validator=_non_negative)
-    rescue_interval: float = attrs.field(default=15.0, validator=_non_negative)
+    rescue_interval: float = attrs.field(default=15.0, validator=_at_least(0.01))
     keep_completed: float = attrs.field(default=24 * 3600.0, validator=_non_negative)
     keep_cancelled: float = attrs.field(default=24 * 3600.0, validator=_non_negative)
     keep_discarded: float = attrs.field(default=7 * 24 * 3600.0, validator=_non_negative)
-    retention_interval: float = attrs.field(default=300.0, validator=_non_negative)
+    retention_interval: float = attrs.field(default=300.0, validator=_at_least(1.0))
 
     def __attrs_post_init__(self) -> None:
-        if self.heartbeat_interval <= 0 or self.rescue_interval <= 0:
-            raise ConfigError("heartbeat_interval and rescue_interval must be > 0")
         if self.rescue_after < 3 * self.heartbeat_interval:
             raise ConfigError(
                 f"rescue_after ({self.rescue_after:g} s) must be at least 3 x heartbeat_interval "

@@ -62,6 +62,20 @@ _REASON_TEXT = {
 }
 
 
+def _process_exit(exc: BaseException) -> BaseException | None:
+    """The `SystemExit` or `KeyboardInterrupt` in `exc` (itself, or in an exception group from
+    `ctx.children()`), or None."""
+    if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        group, _ = exc.split((SystemExit, KeyboardInterrupt))
+        found: BaseException | None = group
+        while isinstance(found, BaseExceptionGroup):
+            found = found.exceptions[0]
+        return found
+    return None
+
+
 class Attempt:
     """A running attempt: its scope and, once someone cancels it, why."""
 
@@ -286,6 +300,10 @@ class QueueExecutor:
                                 await kind.fn(ctx, **args)
                         except Exception as exc:
                             error = exc
+                        except BaseException as exc:
+                            if _process_exit(exc) is None:
+                                raise  # Cancelled (ours is caught by the scope), GeneratorExit
+                            error = exc  # sys.exit() or KeyboardInterrupt in the handler
                 except trio.Cancelled:
                     # Not our scope: the whole runtime is being torn down from outside. The
                     # attempt is given back, as in a shutdown, and the cancellation goes on.
@@ -334,6 +352,16 @@ class QueueExecutor:
         timeout: float | None,
     ) -> None:
         faults = self.rt.faults
+        if error is not None and not isinstance(error, Exception):
+            # The handler asked the process to exit: the attempt counts as failed (a job that
+            # always exits is bounded by max_attempts like any failure), and the runtime shuts
+            # down without a grace, writing every other outcome, then raises it.
+            leaf = _process_exit(error)
+            assert leaf is not None
+            message = f"{describe_exception(leaf)} (the handler made the process exit; the attempt counts as failed)"
+            self._fail(job, kind, clean_text(message), format_traceback(error))
+            self.rt.request_exit(leaf, job)
+            return
         if scope.cancel_called:
             # Which scope fired decides, even if the handler swallowed the Cancelled and
             # returned: a timed-out attempt is a timeout, a shutdown-cut one is given back.

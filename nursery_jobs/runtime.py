@@ -111,6 +111,9 @@ class Runtime:
         self._backend_scope = trio.CancelScope()
         self._backend_ready = trio.Event()
         self._cancel_hints: set[int] = set()
+        self._body_scope = trio.CancelScope()
+        """Around the body of `open_runtime`: cancelled when a handler makes the process exit."""
+        self._exit: BaseException | None = None
         self._hinted = Wakeup()
 
     def __repr__(self) -> str:
@@ -507,6 +510,23 @@ class Runtime:
         for executor in self.executors.values():
             executor.stop_claiming()
 
+    def request_exit(self, exc: BaseException, job: Any) -> None:
+        """A handler raised `SystemExit` or `KeyboardInterrupt` (its attempt is already recorded
+        as failed): shut down at once, interrupting the other attempts and writing their
+        outcomes within the usual bounds, then raise `exc` from `open_runtime`."""
+        if self._exit is None:
+            self._exit = exc
+            log.error(
+                "job %d (%s) raised %s: shutting down without a grace; the other running attempts are "
+                "interrupted (given back) and the process exits",
+                job.id,
+                job.kind,
+                type(exc).__name__,
+            )
+        self.begin_shutdown()
+        self.skip_grace()
+        self._body_scope.cancel()
+
     def skip_grace(self) -> None:
         """End the grace period now (or make the coming shutdown skip it): running attempts
         are interrupted at once."""
@@ -607,6 +627,11 @@ async def open_runtime(
     settings = settings or RuntimeSettings()
     if grace is not None:
         settings = attrs.evolve(settings, grace=grace)  # validated by RuntimeSettings
+    if isinstance(queues, (str, bytes)) or not (queues is None or isinstance(queues, abc.Iterable)):
+        raise ConfigError(
+            f"queues must be a list of queue names, not {queues!r}"
+            + (f" (a str is read letter by letter: did you mean [{queues!r}]?)" if isinstance(queues, str) else "")
+        )
     names = list(app.queues) if queues is None else list(queues)
     unknown = [q for q in names if q not in app.queues]
     if unknown:
@@ -631,12 +656,13 @@ async def open_runtime(
                 await _start_services(rt, owner)
                 graceful = True
                 try:
-                    yield rt
+                    with rt._body_scope:
+                        yield rt
                 except BaseException as exc:
                     graceful = not _is_cancellation(exc)
                     raise
                 finally:
-                    await rt._shutdown(graceful)
+                    await rt._shutdown(graceful and rt._exit is None)
             # Every task has ended; write anything pushed after the completer stopped (a task
             # torn down from outside gives its job back on its way out). This write and the
             # backend's close share one flush_bound: the last step of the shutdown's bound.
@@ -650,6 +676,8 @@ async def open_runtime(
                     await be.close()
     finally:
         current_runtime.reset(token)
+    if rt._exit is not None:
+        raise rt._exit  # a handler's sys.exit(): everything else is written, now exit
 
 
 async def _start_services(rt: Runtime, owner: TaskOwner) -> None:

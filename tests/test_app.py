@@ -193,3 +193,27 @@ async def test_unique_key_is_refused_for_enqueue_many():
     async with nj.open_runtime(app):
         with pytest.raises(nj.ConfigError, match="unique_key applies to enqueue"):
             await index_doc.options(unique_key="same").enqueue_many([{"doc_id": 1}])
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: nj.RuntimeSettings(retention_interval=0), "retention_interval must be a finite number of seconds >= 1"),
+        (lambda: nj.RuntimeSettings(retention_interval=0.5), "retention_interval"),
+        (lambda: nj.RuntimeSettings(heartbeat_interval=0), "heartbeat_interval must be"),
+        (lambda: nj.RuntimeSettings(rescue_interval=1e-9), "rescue_interval must be"),
+        (lambda: nj.App().queue("q", max_workers=10**6), "at most 10,000"),
+        (lambda: nj.App().queue("q", max_workers=2, poll_interval=1e-6), "poll_interval must be at least 0.01"),
+    ],
+)
+def test_settings_that_would_spin_or_degrade_are_refused(make, message):
+    with pytest.raises(nj.ConfigError, match=message):
+        make()
+
+
+async def test_queues_given_as_a_str_is_refused():
+    app = nj.App()
+    app.queue("index", max_workers=1)
+    with pytest.raises(nj.ConfigError, match=r"a str is read letter by letter: did you mean \['index'\]"):
+        async with nj.open_runtime(app, queues="index"):  # type: ignore[arg-type]
+            pass

@@ -561,7 +561,7 @@ async def test_copy_returns_the_ids_the_rows_got_when_they_are_not_consecutive(p
         n = postgres_backend._COPY_AT + 10
         results = await backend.insert_many([NewJob("kind", "q", f'{{"n": {i}}}', 0, None, 5) for i in range(n)])
         with psycopg.connect(pg_url) as conn:
-            rows = conn.execute(f'SELECT id, (args->>\'n\')::int FROM "{schema}".jobs ORDER BY id').fetchall()
+            rows = conn.execute(f'SELECT id, (args::jsonb->>\'n\')::int FROM "{schema}".jobs ORDER BY id').fetchall()
         ids = [r[0] for r in rows]
         assert [r.id for r in results] == ids
         assert all(b - a == 3 for a, b in zip(ids, ids[1:]))  # not one run: the list was fetched
