@@ -59,8 +59,10 @@ class ScriptedError(Exception):
     """What a scripted `raise` step raises."""
 
 
-class BackendCrash(Exception):
-    """What `HarnessBackend.finish_many` raises on its `crash_at`-th call (P11)."""
+class BackendCrash(nj.BackendUnavailable):
+    """What `HarnessBackend.finish_many` raises on its `crash_at`-th call (P11): the backend
+    failing, which must stop the runtime. (Any other exception from `finish_many` is taken for
+    content the backend refused: the completer isolates it and writes the rest.)"""
 
 
 def first_property_failure(exc: BaseException) -> PropertyFailed | None:
