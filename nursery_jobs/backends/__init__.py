@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol, Seque
 import attrs
 import trio
 
+from .._redact import redact
 from ..errors import ConfigError
 from ..jobs import Job, JobError, JobState, decode_args
 
@@ -262,15 +263,16 @@ def counts_from_rows(rows: Iterable[Sequence[Any]]) -> dict[str, QueueCounts]:
 
 
 def open_backend(url: str) -> Backend:
-    """A backend for `url`: ``memory://`` or ``sqlite:///path/jobs.db[?synchronous=full|normal]``.
+    """A backend for `url`: ``memory://``, ``sqlite:///path/jobs.db[?synchronous=full|normal]``
+    or ``postgresql://user@host/db[?schema=...]``.
 
-    Raises ConfigError for an unsupported or malformed URL.
+    Raises ConfigError for an unsupported or malformed URL (its password redacted).
     """
     if not isinstance(url, str):
-        raise ConfigError(f"backend must be a URL string or a Backend, not {url!r}")
+        raise ConfigError(f"backend must be a URL string or a Backend, not {type(url).__name__}")
     scheme, sep, rest = url.partition("://")
     if not sep:
-        raise ConfigError(f"backend URL {url!r} has no scheme; use 'memory://'")
+        raise ConfigError(f"backend URL {redact(url, url)!r} has no scheme; use 'memory://'")
     if scheme == "memory":
         if rest:
             raise ConfigError(f"the memory backend takes no location: use 'memory://', not {url!r}")
@@ -288,6 +290,6 @@ def open_backend(url: str) -> Backend:
         conninfo, opts = parse_postgres_url(url)
         return PostgresBackend(conninfo, **opts)
     raise ConfigError(
-        f"unsupported backend URL scheme {scheme!r} in {url!r}; supported: 'memory://', "
+        f"unsupported backend URL scheme {redact(scheme, url)!r} in {redact(url, url)!r}; supported: 'memory://', "
         "'sqlite:///path/jobs.db', 'postgresql://user@host/db'"
     )
