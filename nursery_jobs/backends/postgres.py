@@ -40,12 +40,16 @@ Many processes on many hosts share one database. The design, call by call:
   options) means the same here. The conninfo is kept only to connect; everything shown names
   the database by `url`, which has no password, and every message made from libpq's text goes
   through `_redact.redact` first.
+- **Failures are classified by SQLSTATE**, not by psycopg's exception class (`_failure_kind`):
+  psycopg files statement errors such as 54 (program limit exceeded) under the same class as a
+  dropped connection, and only a dropped connection may be retried as one.
 
 Times are float seconds on the runtime's clock (Unix time; hosts are expected to run NTP).
 """
 
 from __future__ import annotations
 
+import enum
 import importlib.resources
 import json
 import logging
@@ -60,6 +64,7 @@ import trio
 from ..infra.pg import (  # psycopg only through infra: import order
     ConnectFailed,
     PgPool,
+    RoundTripTimeout,
     TrioConnection,
     conninfo_to_dict,
     listen,
@@ -431,9 +436,28 @@ class PostgresBackend:
                     f"no PostgreSQL connection free in the pool of {self.pool.size} within its wait bound; "
                     "raise pool_size or lower the number of concurrent callers"
                 ) from exc
-            except psycopg.OperationalError as exc:
+            except psycopg.Error as exc:
                 redact_exception(exc, self.conninfo)  # it is the cause of what is raised below
-                # A failed connect sent nothing: even a write may be retried then.
+                kind = _failure_kind(exc)
+                if kind is _Failure.CLIENT:
+                    raise  # psycopg refused the call before sending it: a bug here, shown as it is
+                if kind is _Failure.RESOURCE:
+                    raise BackendUnavailable(
+                        f"PostgreSQL is out of a resource or failed internally ({self._describe(exc)}); "
+                        "the statement failed and is not retried: see the server's log"
+                    ) from exc
+                if kind is _Failure.STATEMENT:
+                    raise BackendUnavailable(
+                        f"PostgreSQL returned an error for the statement ({self._describe(exc)}); "
+                        "the connection is fine, and the call is not retried"
+                    ) from exc
+                if kind is _Failure.ROLLED_BACK and not retry:
+                    raise BackendUnavailable(
+                        f"PostgreSQL rolled the write back ({self._describe(exc)}); nothing of it was "
+                        "written, so it may be repeated"
+                    ) from exc
+                # A lost connection, or a transient rollback of a call safe to repeat. A failed
+                # connect sent nothing: even a write may be retried then.
                 if deadline is None:
                     deadline = trio.current_time() + self.outage_timeout
                 if not (retry or isinstance(exc, ConnectFailed)) or trio.current_time() + delay > deadline:
@@ -447,8 +471,13 @@ class PostgresBackend:
                 delay = min(delay * 2, 2.0)
 
     def _describe(self, exc: BaseException) -> str:
-        """`exc` on one line for a message or a log, never with the password."""
-        return redact(_one_line(exc), self.conninfo)
+        """`exc` on one line for a message or a log: its SQLSTATE and class when the server sent
+        one, and never the password."""
+        text = _one_line(exc)
+        state = _sqlstate(exc)
+        if state is not None:
+            text = f"SQLSTATE {state} {type(exc).__name__}: {text}"
+        return redact(text, self.conninfo)
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -493,14 +522,19 @@ class PostgresBackend:
             raise ConfigError(f"bad PostgreSQL URL: {redact(_one_line(exc), self.conninfo)}") from None
         try:
             version = await pool.run(lambda c: _schema_version_async(c, self.schema))
-        except psycopg.ProgrammingError as exc:
+        except psycopg.Error as exc:
             await pool.close()
-            raise ConfigError(f"bad PostgreSQL URL: {self._describe(exc)}") from None
-        except psycopg.OperationalError as exc:
-            await pool.close()
+            kind = _failure_kind(exc)
+            if kind is _Failure.CLIENT:
+                raise ConfigError(f"bad PostgreSQL URL: {self._describe(exc)}") from None
+            if kind is _Failure.LOST:
+                raise BackendUnavailable(
+                    f"cannot connect to PostgreSQL at {self.url} ({self._describe(exc)}); "
+                    "check the URL and that the server is running"
+                ) from None
             raise BackendUnavailable(
-                f"cannot connect to PostgreSQL at {self.url} ({self._describe(exc)}); "
-                "check the URL and that the server is running"
+                f"PostgreSQL returned an error while checking the schema {self.schema!r} at {self.url} "
+                f"({self._describe(exc)})"
             ) from None
         if version is None or version < LATEST_VERSION:
             await pool.close()
@@ -844,6 +878,48 @@ def _seconds(what: str, value: Any) -> float:
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
+
+
+class _Failure(enum.Enum):
+    LOST = "lost"
+    """The connection is gone or never came up: nothing tells whether the statement ran."""
+    ROLLED_BACK = "rolled back"
+    """The server undid the whole transaction (deadlock, serialization failure): repeatable."""
+    RESOURCE = "resource"
+    """The server lacks a resource (disk, memory, connections) or failed internally."""
+    STATEMENT = "statement"
+    """Any other error the server returned for the statement: repeating it fails again."""
+    CLIENT = "client"
+    """psycopg refused the call before sending it."""
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    if not isinstance(exc, psycopg.Error) or isinstance(exc, (ConnectFailed, RoundTripTimeout)):
+        return None
+    return exc.sqlstate or exc.diag.sqlstate
+
+
+def _failure_kind(exc: psycopg.Error) -> _Failure:
+    """What happened, by SQLSTATE rather than by psycopg's class: psycopg files several classes
+    of statement errors (53 insufficient resources, 54 program limit exceeded, 55 object not in
+    prerequisite state, ...) under `OperationalError`, the class it also uses for a dropped
+    connection, and only a dropped connection may be retried as one."""
+    if isinstance(exc, (ConnectFailed, RoundTripTimeout)):
+        return _Failure.LOST
+    state = _sqlstate(exc)
+    if state is None:
+        # No answer from the server: a closed or broken connection (psycopg's own
+        # OperationalError), or a call psycopg refused before sending anything.
+        return _Failure.LOST if isinstance(exc, psycopg.OperationalError) else _Failure.CLIENT
+    if state.startswith("08") or state.startswith("57P") or state == "40003":
+        # Connection exceptions; the server ending the session (admin, crash or fast shutdown,
+        # starting up, database dropped, idle session timeout); "statement completion unknown".
+        return _Failure.LOST
+    if state.startswith("40"):
+        return _Failure.ROLLED_BACK
+    if state[:2] in ("53", "58", "XX"):
+        return _Failure.RESOURCE
+    return _Failure.STATEMENT
 
 
 _PENDING_SQL = "('available', 'scheduled', 'retryable')"
