@@ -36,6 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _migrate(url: str, schema: str | None) -> int:
+    from ._redact import redact
     from .backends.postgres import migrate, parse_postgres_url
     from .infra.pg import psycopg
 
@@ -44,10 +45,12 @@ def _migrate(url: str, schema: str | None) -> int:
         name = schema or opts["schema"]
         applied = migrate(conninfo, name)
     except ConfigError as exc:
-        print(f"nursery-jobs migrate: {exc}", file=sys.stderr)
+        print(f"nursery-jobs migrate: {redact(str(exc), url)}", file=sys.stderr)
         return 2
     except psycopg.Error as exc:
-        print(f"nursery-jobs migrate: database error: {' '.join(str(exc).split())}", file=sys.stderr)
+        # libpq's messages can quote the URL back (the password with it) when it cannot parse it.
+        message = redact(" ".join(str(exc).split()), url)
+        print(f"nursery-jobs migrate: database error: {message}", file=sys.stderr)
         return 1
     if applied:
         print(f"schema {name!r}: applied {', '.join(applied)}")

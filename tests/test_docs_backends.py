@@ -269,9 +269,8 @@ def test_the_index_program_runs_on_every_backend(backend, tmp_path, request) -> 
     result = run_program(code, tmp_path, env={**ENV, "JOBS_URL": jobs_url})
     assert result.returncode == 0, f"{jobs_url}:\n{result.stdout}\n{result.stderr}"
     if backend == "postgresql":  # the job id depends on what ran before in the schema
-        assert re.fullmatch(r"postgresql://[^/]*/\.\.\.\?schema=jobs: job \d+ completed\n", result.stdout), (
-            result.stdout
-        )
+        # backend.url names the database in full (no password here to leave out)
+        assert re.fullmatch(re.escape(jobs_url) + r": job \d+ completed\n", result.stdout), result.stdout
     else:
         assert result.stdout == f"{jobs_url}: job 1 completed\n"
         assert f"# {result.stdout.strip()}" in (DOCS / "backends.md").read_text()
@@ -333,14 +332,15 @@ async def test_the_startup_errors_are_the_ones_the_page_quotes(pg_url) -> None:
     with pytest.raises(nj.ConfigError) as missing:
         async with nj.open_runtime(app, backend=f"{pg_url}?schema=never_migrated_docs"):
             pass
-    assert str(missing.value).replace("never_migrated_docs", "jobs") in page
+    # the hint carries the URL it was given, ready to copy: the page's own URL in its place
+    assert str(missing.value).replace("never_migrated_docs", "jobs").replace(pg_url, "postgresql://app@db.internal/app") in page
     with pytest.raises(nj.BackendUnavailable) as unreachable:
         async with nj.open_runtime(app, backend="postgresql://postgres@127.0.0.1:1/nothing"):
             pass
     message = str(unreachable.value)
-    assert message.startswith("cannot connect to PostgreSQL (")
+    assert message.startswith("cannot connect to PostgreSQL at postgresql://postgres@127.0.0.1:1/nothing?schema=nursery_jobs (")
     assert message.endswith("); check the URL and that the server is running")
-    assert "`cannot connect to PostgreSQL (...); check the URL and that the server is running`" in page
+    assert "`cannot connect to PostgreSQL at <url> (...); check the URL and that the server is running`" in page
 
 
 def test_the_import_order_facts_the_page_states() -> None:

@@ -28,6 +28,7 @@ from typing import Callable, Mapping, NamedTuple, Protocol, Sequence, Union, run
 import attrs
 import trio
 
+from .._redact import redact
 from ..errors import ConfigError
 from ..jobs import Job, JobError, JobState
 
@@ -220,15 +221,16 @@ class Backend(Protocol):
 
 
 def open_backend(url: str) -> Backend:
-    """A backend for `url`: ``memory://`` or ``sqlite:///path/jobs.db[?synchronous=full|normal]``.
+    """A backend for `url`: ``memory://``, ``sqlite:///path/jobs.db[?synchronous=full|normal]``
+    or ``postgresql://user@host/db[?schema=...]``.
 
-    Raises ConfigError for an unsupported or malformed URL.
+    Raises ConfigError for an unsupported or malformed URL (its password redacted).
     """
     if not isinstance(url, str):
-        raise ConfigError(f"backend must be a URL string or a Backend, not {url!r}")
+        raise ConfigError(f"backend must be a URL string or a Backend, not {type(url).__name__}")
     scheme, sep, rest = url.partition("://")
     if not sep:
-        raise ConfigError(f"backend URL {url!r} has no scheme; use 'memory://'")
+        raise ConfigError(f"backend URL {redact(url, url)!r} has no scheme; use 'memory://'")
     if scheme == "memory":
         if rest:
             raise ConfigError(f"the memory backend takes no location: use 'memory://', not {url!r}")
@@ -246,6 +248,6 @@ def open_backend(url: str) -> Backend:
         conninfo, opts = parse_postgres_url(url)
         return PostgresBackend(conninfo, **opts)
     raise ConfigError(
-        f"unsupported backend URL scheme {scheme!r} in {url!r}; supported: 'memory://', "
+        f"unsupported backend URL scheme {redact(scheme, url)!r} in {redact(url, url)!r}; supported: 'memory://', "
         "'sqlite:///path/jobs.db', 'postgresql://user@host/db'"
     )

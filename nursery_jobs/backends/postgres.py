@@ -35,23 +35,43 @@ Many processes on many hosts share one database. The design, call by call:
 - **Schema**: in its own schema (default `nursery_jobs`), validated as an identifier and always
   quoted by psycopg, never built from strings; created and upgraded only by
   `nursery-jobs migrate`, checked at start-up.
+- **The URL** is libpq's: only the library's own options are taken out of its query string, and
+  the rest reaches libpq as written, so every form libpq accepts (sockets, several hosts, its
+  options) means the same here. The conninfo is kept only to connect; everything shown names
+  the database by `url`, which has no password, and every message made from libpq's text goes
+  through `_redact.redact` first.
+- **Failures are classified by SQLSTATE**, not by psycopg's exception class (`_failure_kind`):
+  psycopg files statement errors such as 54 (program limit exceeded) under the same class as a
+  dropped connection, and only a dropped connection may be retried as one.
 
 Times are float seconds on the runtime's clock (Unix time; hosts are expected to run NTP).
 """
 
 from __future__ import annotations
 
+import enum
 import importlib.resources
 import json
 import logging
 import re
+import shlex
 import time
 from typing import Any, Awaitable, Callable, Mapping, Sequence
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import quote, unquote
 
 import trio
 
-from ..infra.pg import ConnectFailed, PgPool, TrioConnection, listen, psycopg, sql  # psycopg only through infra: import order
+from ..infra.pg import (  # psycopg only through infra: import order
+    ConnectFailed,
+    PgPool,
+    RoundTripTimeout,
+    TrioConnection,
+    conninfo_to_dict,
+    listen,
+    psycopg,
+    sql,
+)
+from .._redact import REDACTED, redact, redact_exception
 from .._faults import NO_FAULTS, Faults
 from ..config import check_timeout
 from ..errors import BackendUnavailable, ConfigError, JobNotFound
@@ -80,6 +100,8 @@ __all__ = ["PostgresBackend", "migrate", "parse_postgres_url", "schema_version"]
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 _OPTIONS = {"schema", "pool_size", "pool_share", "poll_interval", "statement_timeout", "outage_timeout"}
 _SECONDS_OPTIONS = ("poll_interval", "statement_timeout", "outage_timeout")
+_MIN_STATEMENT_TIMEOUT = 0.001
+_MAX_STATEMENT_TIMEOUT = 2_147_483  # seconds: INT_MAX milliseconds, rounded down
 _PENDING = ("available", "scheduled", "retryable")
 _FINAL_BY_KIND = {
     OutcomeKind.COMPLETED: "completed",
@@ -104,33 +126,122 @@ def check_schema_name(schema: str) -> str:
 
 
 def parse_postgres_url(url: str) -> tuple[str, dict[str, Any]]:
-    """(conninfo for psycopg, our options) from a ``postgresql://`` URL; our options are taken
-    out of the query string, the rest is left for libpq."""
-    parts = urlsplit(url)
-    ours: dict[str, Any] = {}
-    theirs = []
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
-        if key in _OPTIONS:
-            ours[key] = value
-        else:
-            theirs.append((key, value))
-    # %20, not "+", for a space: libpq does not read "+" as one (options=-c search_path=...).
-    conninfo = urlunsplit(parts._replace(query=urlencode(theirs, quote_via=quote)))
+    """(conninfo for psycopg, our options) from a ``postgresql://`` URL.
+
+    Only the library's own options (`_OPTIONS`) are taken out of the query string; the rest of
+    the URL is handed to libpq byte for byte, so every URL libpq accepts means here what it
+    means to libpq (an empty host, ``?host=/socket/dir``, several ``host:port`` pairs, its own
+    options). An option given twice is refused: libpq would silently keep the last one. A
+    string that is not a ``postgresql://`` or ``postgres://`` URL (a ``key=value`` conninfo) is
+    returned unchanged, with the default options."""
+    conninfo, ours = _split_options(url)
     opts: dict[str, Any] = {"schema": check_schema_name(ours.get("schema", "nursery_jobs"))}
-    try:
-        if "pool_size" in ours:
-            opts["pool_size"] = int(ours["pool_size"])
-        if "pool_share" in ours:
-            opts["pool_share"] = float(ours["pool_share"])
-        for name in _SECONDS_OPTIONS:
-            if name in ours:
-                opts[name] = float(ours[name])
-    except ValueError as exc:
-        raise ConfigError(f"bad option in {url!r}: {exc}") from None
+    for name, convert, wanted in (("pool_size", int, "an int >= 2"), ("pool_share", float, "a number in (0, 1]")):
+        if name in ours:
+            try:
+                opts[name] = convert(ours[name])
+            except ValueError:
+                raise ConfigError(f"?{name}= in the PostgreSQL URL must be {wanted}, not {ours[name]!r}") from None
     for name in _SECONDS_OPTIONS:
-        if name in opts:
-            check_timeout(f"?{name}= in the PostgreSQL URL", opts[name], allow_none=False)
+        if name in ours:
+            try:
+                value = float(ours[name])
+            except ValueError:
+                raise ConfigError(
+                    f"?{name}= in the PostgreSQL URL must be a number of seconds, not {ours[name]!r}"
+                ) from None
+            opts[name] = check_timeout(f"?{name}= in the PostgreSQL URL", value, allow_none=False)
+    if "statement_timeout" in opts:
+        _check_statement_timeout("?statement_timeout= in the PostgreSQL URL", opts["statement_timeout"])
     return conninfo, opts
+
+
+def _split_options(url: str) -> tuple[str, dict[str, str]]:
+    """(`url` without the library's options, those options percent-decoded); the rest of the
+    query string is kept as written, in its order. Raises ConfigError for a repeated key."""
+    if not url.startswith(("postgresql://", "postgres://")):
+        return url, {}
+    base, question, query = url.partition("?")
+    if not question:
+        return url, {}
+    kept: list[str] = []
+    ours: dict[str, str] = {}
+    seen: set[str] = set()
+    for item in query.split("&"):
+        raw_key, _, raw_value = item.partition("=")
+        # libpq percent-decodes keys as well as values, and does not read "+" as a space.
+        key = unquote(raw_key)
+        if key in seen:
+            raise ConfigError(
+                f"the PostgreSQL URL gives ?{redact(key, url)}= more than once; give each option once"
+            )
+        if key:
+            seen.add(key)
+        if key in _OPTIONS:
+            ours[key] = unquote(raw_value)
+        else:
+            kept.append(item)
+    return (f"{base}?{'&'.join(kept)}" if kept else base), ours
+
+
+def _check_statement_timeout(what: str, seconds: float) -> None:
+    """The server counts `statement_timeout` in whole milliseconds, and 0 there means no limit
+    at all: a positive value under 1 ms would turn the bound off instead of making it short.
+    Above INT_MAX ms the server refuses the connection."""
+    if not _MIN_STATEMENT_TIMEOUT <= seconds <= _MAX_STATEMENT_TIMEOUT:
+        raise ConfigError(
+            f"{what} must be at least {_MIN_STATEMENT_TIMEOUT:g} s (PostgreSQL counts whole milliseconds, "
+            f"and 0 would disable the timeout) and at most {_MAX_STATEMENT_TIMEOUT} s (about 24 days), not {seconds!r}"
+        )
+
+
+def _conninfo_params(conninfo: str) -> dict[str, Any]:
+    """libpq's reading of `conninfo` (a URL or ``key=value`` string), without connecting;
+    ConfigError, with the password redacted, when libpq cannot parse it."""
+    if conninfo.startswith(("postgresql://", "postgres://")):
+        # libpq ends the userinfo at the first '@' or '/': a password with a raw '/' or '@'
+        # would be read as a host, a port or a database name, and show up in messages as one.
+        rest = conninfo.partition("://")[2].partition("?")[0]
+        head = re.match(r"[^@/]*@", rest)
+        if "@" in (rest[head.end() :] if head else rest):
+            raise ConfigError(
+                "bad PostgreSQL URL: an '@' after the user and password; percent-encode '@' and '/' "
+                "in a password or database name (%40, %2F)"
+            )
+    try:
+        return conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigError(f"bad PostgreSQL URL: {redact(_one_line(exc), conninfo)}") from None
+
+
+def _display_url(params: Mapping[str, Any], schema: str) -> str:
+    """A ``postgresql://`` URL naming the database of `params` (user, hosts, ports, database,
+    schema), never its password: what logs, errors and reprs call the backend."""
+    user = str(params.get("user") or "")
+    hosts = str(params.get("host") or "").split(",")
+    ports = str(params.get("port") or "").split(",")
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    query: list[str] = []
+    if any(h.startswith(("/", "@")) for h in hosts):
+        # Socket directories read better as an option than percent-encoded into the authority.
+        authority = ""
+        query.append("host=" + quote(",".join(hosts), safe="/@,:"))
+        if any(ports):
+            query.append("port=" + quote(",".join(ports), safe=","))
+    else:
+        pairs = []
+        for i, host in enumerate(hosts):
+            port = ports[i] if i < len(ports) else ""
+            host = f"[{host}]" if ":" in host else quote(host, safe="")
+            pairs.append(f"{host}:{quote(port, safe='')}" if port else host)
+        authority = ",".join(pairs)
+    if params.get("hostaddr"):
+        query.append("hostaddr=" + quote(str(params["hostaddr"]), safe=",:"))
+    userinfo = f"{quote(user, safe='')}@" if user else ""
+    dbname = quote(str(params.get("dbname") or ""), safe="")
+    query.append(f"schema={schema}")
+    return f"postgresql://{userinfo}{authority}/{dbname}?{'&'.join(query)}"
 
 
 def _migrations() -> list[tuple[int, str, str]]:
@@ -194,6 +305,7 @@ def migrate(conninfo: str, schema: str = "nursery_jobs") -> list[str]:
     """Create or upgrade `schema`; returns the names of the migrations applied. Safe to run
     from several processes at once (an advisory lock serialises them)."""
     check_schema_name(schema)
+    _conninfo_params(conninfo)
     ident = sql.Identifier(schema)
     applied: list[str] = []
     with psycopg.connect(conninfo, autocommit=True) as conn:
@@ -238,7 +350,16 @@ class PostgresBackend:
         _blocking_io: bool = False,
     ) -> None:
         self.conninfo = conninfo
+        """As given: it carries the password, so it is never shown; `url` names the database."""
         self.schema = check_schema_name(schema)
+        _, stray = _split_options(conninfo)
+        if stray:
+            names = ", ".join(f"?{name}=" for name in stray)
+            raise ConfigError(
+                f"{names} in the conninfo: PostgresBackend takes them as keyword arguments "
+                "(nj.open_backend(url) reads them from a URL)"
+            )
+        params = _conninfo_params(conninfo)
         if pool_size is not None and (isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 2):
             raise ConfigError(f"pool_size must be an int >= 2, not {pool_size!r}")
         if not 0 < pool_share <= 1:
@@ -252,6 +373,7 @@ class PostgresBackend:
         self.statement_timeout = _seconds("statement_timeout", statement_timeout)
         """The server's `statement_timeout` on pooled connections; every pooled call is also
         bounded client-side at this + `infra.pg.ROUND_TRIP_MARGIN` (`PgPool`)."""
+        _check_statement_timeout("statement_timeout", self.statement_timeout)
         self._clock = clock
         self._faults = faults
         self._blocking_io = _blocking_io
@@ -261,8 +383,9 @@ class PostgresBackend:
         self._pool: PgPool | None = None
         self._workers: int | None = None
         """The most queue workers a runtime on this backend has (`check_budget`); None: unknown."""
-        host = urlsplit(conninfo).hostname if "://" in conninfo else None
-        self.url = f"postgresql://{host or ''}/...?schema={schema}"
+        self.url = redact(_display_url(params, schema), conninfo)
+        """The database this backend uses, for logs and messages: user, hosts, ports, database
+        and schema, never the password."""
         ident = sql.Identifier(schema)
         self._jobs_channel = f"{schema}_jobs"
         self._events_channel = f"{schema}_events"
@@ -274,7 +397,7 @@ class PostgresBackend:
         self._q = {name: q.format(s=ident, seq=seq).as_bytes(None) for name, q in _QUERIES.items()}
 
     def __repr__(self) -> str:
-        return f"<PostgresBackend schema={self.schema!r}>"
+        return f"<PostgresBackend {self.url}>"
 
     @property
     def pool(self) -> PgPool:
@@ -303,27 +426,57 @@ class PostgresBackend:
             try:
                 return await self.pool.run(fn, durable=durable)
             except psycopg.errors.QueryCanceled as exc:
+                redact_exception(exc, self.conninfo)
                 raise BackendUnavailable(
-                    f"PostgreSQL statement exceeded the statement timeout ({_one_line(exc)})"
+                    f"PostgreSQL statement exceeded the statement timeout ({self._describe(exc)})"
                 ) from exc
             except trio.TooSlowError as exc:
                 raise BackendUnavailable(
                     f"no PostgreSQL connection free in the pool of {self.pool.size} within its wait bound; "
                     "raise pool_size or lower the number of concurrent callers"
                 ) from exc
-            except psycopg.OperationalError as exc:
-                # A failed connect sent nothing: even a write may be retried then.
+            except psycopg.Error as exc:
+                redact_exception(exc, self.conninfo)  # it is the cause of what is raised below
+                kind = _failure_kind(exc)
+                if kind is _Failure.CLIENT:
+                    raise  # psycopg refused the call before sending it: a bug here, shown as it is
+                if kind is _Failure.RESOURCE:
+                    raise BackendUnavailable(
+                        f"PostgreSQL is out of a resource or failed internally ({self._describe(exc)}); "
+                        "the statement failed and is not retried: see the server's log"
+                    ) from exc
+                if kind is _Failure.STATEMENT:
+                    raise BackendUnavailable(
+                        f"PostgreSQL returned an error for the statement ({self._describe(exc)}); "
+                        "the connection is fine, and the call is not retried"
+                    ) from exc
+                if kind is _Failure.ROLLED_BACK and not retry:
+                    raise BackendUnavailable(
+                        f"PostgreSQL rolled the write back ({self._describe(exc)}); nothing of it was "
+                        "written, so it may be repeated"
+                    ) from exc
+                # A lost connection, or a transient rollback of a call safe to repeat. A failed
+                # connect sent nothing: even a write may be retried then.
                 if deadline is None:
                     deadline = trio.current_time() + self.outage_timeout
                 if not (retry or isinstance(exc, ConnectFailed)) or trio.current_time() + delay > deadline:
                     raise BackendUnavailable(
-                        f"PostgreSQL unavailable ({_one_line(exc)}); gave up after {self.outage_timeout:g} s"
+                        f"PostgreSQL unavailable ({self._describe(exc)}); gave up after {self.outage_timeout:g} s"
                         if retry or isinstance(exc, ConnectFailed)
-                        else f"PostgreSQL connection lost during a write whose outcome is unknown ({_one_line(exc)})"
+                        else f"PostgreSQL connection lost during a write whose outcome is unknown ({self._describe(exc)})"
                     ) from exc
-                log.warning("PostgreSQL call failed (%s); retrying in %.2f s", _one_line(exc), delay)
+                log.warning("PostgreSQL call failed (%s); retrying in %.2f s", self._describe(exc), delay)
                 await trio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+    def _describe(self, exc: BaseException) -> str:
+        """`exc` on one line for a message or a log: its SQLSTATE and class when the server sent
+        one, and never the password."""
+        text = _one_line(exc)
+        state = _sqlstate(exc)
+        if state is not None:
+            text = f"SQLSTATE {state} {type(exc).__name__}: {text}"
+        return redact(text, self.conninfo)
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -365,23 +518,31 @@ class PostgresBackend:
                 blocking=self._blocking_io,
             )
         except psycopg.ProgrammingError as exc:
-            raise ConfigError(f"bad PostgreSQL URL: {_one_line(exc)}") from None
+            raise ConfigError(f"bad PostgreSQL URL: {redact(_one_line(exc), self.conninfo)}") from None
         try:
             version = await pool.run(lambda c: _schema_version_async(c, self.schema))
-        except psycopg.ProgrammingError as exc:
+        except psycopg.Error as exc:
             await pool.close()
-            raise ConfigError(f"bad PostgreSQL URL: {_one_line(exc)}") from None
-        except psycopg.OperationalError as exc:
-            await pool.close()
+            kind = _failure_kind(exc)
+            if kind is _Failure.CLIENT:
+                raise ConfigError(f"bad PostgreSQL URL: {self._describe(exc)}") from None
+            if kind is _Failure.LOST:
+                raise BackendUnavailable(
+                    f"cannot connect to PostgreSQL at {self.url} ({self._describe(exc)}); "
+                    "check the URL and that the server is running"
+                ) from None
             raise BackendUnavailable(
-                f"cannot connect to PostgreSQL ({_one_line(exc)}); check the URL and that the server is running"
+                f"PostgreSQL returned an error while checking the schema {self.schema!r} at {self.url} "
+                f"({self._describe(exc)})"
             ) from None
         if version is None or version < LATEST_VERSION:
             await pool.close()
             what = "does not exist" if version is None else f"is at version {version}, this nursery_jobs needs {LATEST_VERSION}"
+            given = redact(self.conninfo, self.conninfo)
+            password = " (with the password in place of ***)" if REDACTED in given else ""
             raise ConfigError(
                 f"the nursery_jobs schema {self.schema!r} {what}; run "
-                f"`nursery-jobs migrate --database-url <url> --schema {self.schema}` first"
+                f"`nursery-jobs migrate --database-url {shlex.quote(given)} --schema {self.schema}` first{password}"
             )
         if version > LATEST_VERSION:
             await pool.close()
@@ -728,6 +889,48 @@ def _seconds(what: str, value: Any) -> float:
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
+
+
+class _Failure(enum.Enum):
+    LOST = "lost"
+    """The connection is gone or never came up: nothing tells whether the statement ran."""
+    ROLLED_BACK = "rolled back"
+    """The server undid the whole transaction (deadlock, serialization failure): repeatable."""
+    RESOURCE = "resource"
+    """The server lacks a resource (disk, memory, connections) or failed internally."""
+    STATEMENT = "statement"
+    """Any other error the server returned for the statement: repeating it fails again."""
+    CLIENT = "client"
+    """psycopg refused the call before sending it."""
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    if not isinstance(exc, psycopg.Error) or isinstance(exc, (ConnectFailed, RoundTripTimeout)):
+        return None
+    return exc.sqlstate or exc.diag.sqlstate
+
+
+def _failure_kind(exc: psycopg.Error) -> _Failure:
+    """What happened, by SQLSTATE rather than by psycopg's class: psycopg files several classes
+    of statement errors (53 insufficient resources, 54 program limit exceeded, 55 object not in
+    prerequisite state, ...) under `OperationalError`, the class it also uses for a dropped
+    connection, and only a dropped connection may be retried as one."""
+    if isinstance(exc, (ConnectFailed, RoundTripTimeout)):
+        return _Failure.LOST
+    state = _sqlstate(exc)
+    if state is None:
+        # No answer from the server: a closed or broken connection (psycopg's own
+        # OperationalError), or a call psycopg refused before sending anything.
+        return _Failure.LOST if isinstance(exc, psycopg.OperationalError) else _Failure.CLIENT
+    if state.startswith("08") or state.startswith("57P") or state == "40003":
+        # Connection exceptions; the server ending the session (admin, crash or fast shutdown,
+        # starting up, database dropped, idle session timeout); "statement completion unknown".
+        return _Failure.LOST
+    if state.startswith("40"):
+        return _Failure.ROLLED_BACK
+    if state[:2] in ("53", "58", "XX"):
+        return _Failure.RESOURCE
+    return _Failure.STATEMENT
 
 
 _PENDING_SQL = "('available', 'scheduled', 'retryable')"

@@ -90,6 +90,7 @@ from psycopg import pq, sql, waiting  # noqa: E402
 from psycopg.conninfo import conninfo_attempts, conninfo_to_dict, make_conninfo, timeout_from_conninfo  # noqa: E402
 from psycopg.rows import tuple_row  # noqa: E402
 
+from .._redact import redact, redact_exception  # noqa: E402
 from .owner import open_owner  # noqa: E402
 
 __all__ = [
@@ -101,6 +102,7 @@ __all__ = [
     "TrioConnection",
     "connect",
     "connection_params",
+    "conninfo_to_dict",
     "listen",
     "psycopg",
     "sql",
@@ -165,8 +167,9 @@ def connection_params(
     `connect_timeout` and keepalive settings win; `KEEPALIVE_DEFAULTS` fill in the rest; a
     `statement_timeout` (seconds) is appended to the conninfo's own `options` (``-c
     search_path=...`` and the like are kept; the appended setting wins over one given there, so
-    the pool's client-side bound and the server's agree). Raises `psycopg.ProgrammingError` for a
-    malformed conninfo."""
+    the pool's client-side bound and the server's agree). The server counts whole milliseconds
+    and reads 0 as "no limit", so a positive `statement_timeout` is sent as at least 1 ms, rounded
+    up. Raises `psycopg.ProgrammingError` for a malformed conninfo."""
     params = conninfo_to_dict(conninfo)
     if connect_timeout is not None and params.get("connect_timeout") in (None, ""):
         params["connect_timeout"] = max(1, math.ceil(connect_timeout))
@@ -174,7 +177,8 @@ def connection_params(
         if params.get(key) in (None, ""):
             params[key] = value
     if statement_timeout is not None:
-        ours = f"-c statement_timeout={int(statement_timeout * 1000)}"
+        # round() first: 1.1 s is 1100.0000000000002 ms in floats, and must not become 1101.
+        ours = f"-c statement_timeout={max(1, math.ceil(round(statement_timeout * 1000, 6)))}"
         theirs = str(params.get("options") or "").strip()
         params["options"] = f"{theirs} {ours}" if theirs else ours
     return params
@@ -604,7 +608,7 @@ class PgPool:
         try:
             conn = await connect(make_conninfo("", **self._params), autocommit=True, blocking=self.blocking)
         except psycopg.OperationalError as exc:
-            raise ConnectFailed(str(exc)) from exc
+            raise ConnectFailed(str(redact_exception(exc, self.conninfo))) from exc
         self._pids[conn] = conn.pgconn.backend_pid
         self._pid_set = frozenset(self._pids.values())
         if not durable:
@@ -792,6 +796,7 @@ async def listen(
     None: no pings (always so in blocking mode, where a ping would block the loop).
     `blocking`: connect and subscribe blocking (see the module doc); notifications are still
     awaited with a Trio wait."""
+    given = conninfo
     params = connection_params(conninfo, connect_timeout=10)
     conninfo = make_conninfo("", **params)
     if blocking:
@@ -815,7 +820,11 @@ async def listen(
             backoff = 0.1
             await _pump(conn, on_notify, ping_interval, ping_timeout)
         except (psycopg.Error, OSError) as exc:
-            log.warning("LISTEN connection lost (%s); retrying in %.1f s, polling meanwhile", exc, backoff)
+            log.warning(
+                "LISTEN connection lost (%s); retrying in %.1f s, polling meanwhile",
+                redact(" ".join(str(exc).split()), given, conninfo),
+                backoff,
+            )
             if not started:
                 started = True
                 task_status.started()

@@ -47,6 +47,57 @@ def test_console_script_runs(pg_url):
     assert proc.returncode == 0, proc.stderr
 
 
+_SECRET = "S3CRETpw"
+
+
+@pytest.mark.parametrize(
+    "url, code, says",
+    [
+        (f"postgresql://postgres:{_SECRET}@127.0.0.1/x?pool_size=abc", 2, "?pool_size= in the PostgreSQL URL"),
+        (f"postgresql://postgres:S3CR%zz{_SECRET}@127.0.0.1/x", 2, "bad PostgreSQL URL: invalid percent-encoded token"),
+        (f"postgresql://postgres:{_SECRET}@[::1/x", 2, "bad PostgreSQL URL"),
+        (f"postgresql://postgres@127.0.0.1/x?password={_SECRET}&bogus=1", 2, "invalid URI query parameter"),
+        (f"postgresql://postgres:{_SECRET}/x@127.0.0.1/x", 2, "percent-encode"),
+        (f"postgresql://postgres:{_SECRET}@127.0.0.1/x?schema=a&schema=b", 2, "?schema= more than once"),
+        (f"postgresql://postgres:{_SECRET}@127.0.0.1:1/x", 1, "database error"),
+        (f"host=127.0.0.1 port=1 password={_SECRET} dbname=x", 1, "database error"),
+    ],
+)
+def test_migrate_never_prints_the_password(url, code, says, capsys):
+    assert cli_main(["migrate", "--database-url", url]) == code
+    out, err = capsys.readouterr()
+    assert says in err
+    assert _SECRET not in out + err
+
+
+def test_the_console_script_never_prints_the_password():
+    exe = os.path.join(os.path.dirname(sys.executable), "nursery-jobs")
+    proc = subprocess.run([exe, "migrate", "--database-url", f"postgresql://root:S3CR%zz{_SECRET}@127.0.0.1/x"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2
+    assert "bad PostgreSQL URL" in proc.stderr
+    assert _SECRET not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        "postgresql:///{db}?host=127.0.0.1&user=postgres&password=" + _SECRET,
+        "postgresql:///{db}?host=/var/run/postgresql&user=postgres",
+        "postgresql://postgres:" + _SECRET + "@127.0.0.1:1,127.0.0.1:5432/{db}",
+    ],
+)
+def test_migrate_takes_every_libpq_url_form(pg_url, form, capsys):
+    if "NJ_TEST_PG_URL" in os.environ:
+        pytest.skip("the test server is not the local one (NJ_TEST_PG_URL is set)")
+    schema = pgutil.new_schema(pg_url)  # migrated already: the command connects and finds it
+    url = form.format(db=pg_url.rpartition("/")[2])
+    assert cli_main(["migrate", "--database-url", f"{url}&schema={schema}" if "?" in url else f"{url}?schema={schema}"]) == 0
+    out, err = capsys.readouterr()
+    assert f"schema {schema!r}: up to date" in out, err
+    assert _SECRET not in out + err
+
+
 async def test_runtime_refuses_to_start_on_a_missing_schema(pg_url):
     app = nj.App()
     with pytest.raises(nj.ConfigError, match="nursery-jobs migrate --database-url"):

@@ -301,11 +301,13 @@ def test_a_bad_poll_interval_argument_is_a_config_error():
 
 
 async def test_a_misspelt_url_parameter_is_a_config_error(pg_url):
+    # Refused when the backend is built, before anything connects.
     schema = pgutil.new_schema(pg_url)
+    with pytest.raises(nj.ConfigError, match='bad PostgreSQL URL: invalid URI query parameter: "conect_timeout"'):
+        PostgresBackend(pg_url + "?conect_timeout=3", schema=schema)
     app = nj.App()
-    backend = PostgresBackend(pg_url + "?conect_timeout=3", schema=schema)
     with pytest.raises(nj.ConfigError, match="bad PostgreSQL URL"):
-        async with nj.open_runtime(app, backend=backend, queues=[]):
+        async with nj.open_runtime(app, backend=f"{pg_url}?conect_timeout=3&schema={schema}", queues=[]):
             pass
 
 
