@@ -24,7 +24,7 @@ from .app import App, JobKind
 from .backends import Backend, open_backend
 from .backends.memory import MemoryBackend
 from .config import QueueConfig, RetryPolicy, RuntimeSettings
-from .errors import ArgsError, BackendUnavailable, ConfigError, JobNotFound, NurseryJobsError, RuntimeClosed, UnknownJob
+from .errors import ArgsError, BackendError, BackendUnavailable, ConfigError, JobNotFound, NurseryJobsError, RuntimeClosed, UnknownJob
 from .infra.threads import run_blocking
 from .jobs import Discard, Job, JobContext, JobError, JobId, JobState, Receipt, Snooze
 from .runtime import QueueStats, Runtime, open_runtime, run
@@ -33,6 +33,7 @@ __all__ = [
     "App",
     "ArgsError",
     "Backend",
+    "BackendError",
     "BackendUnavailable",
     "ConfigError",
     "Discard",

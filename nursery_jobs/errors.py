@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "ArgsError",
+    "BackendError",
     "BackendUnavailable",
     "ConfigError",
     "JobNotFound",
@@ -48,6 +49,13 @@ class JobNotFound(NurseryJobsError, LookupError):
 
 class BackendUnavailable(NurseryJobsError, ConnectionError):
     """The backend cannot be reached (at start-up: check the URL and that the server runs)."""
+
+
+class BackendError(NurseryJobsError, RuntimeError):
+    """The backend is reachable but refused one statement (PostgreSQL returned an error for it:
+    the message names the SQLSTATE and the server's text). Not retried: the same statement would
+    be refused again. The completer takes it for content it cannot store and writes the other
+    outcomes of the batch."""
 
 
 class RuntimeClosed(NurseryJobsError, RuntimeError):

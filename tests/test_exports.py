@@ -3,7 +3,7 @@
 import nursery_jobs as nj
 
 EXPECTED = {
-    "App", "ArgsError", "Backend", "BackendUnavailable", "ConfigError", "Discard", "Job", "JobContext", "JobError",
+    "App", "ArgsError", "Backend", "BackendError", "BackendUnavailable", "ConfigError", "Discard", "Job", "JobContext", "JobError",
     "JobId", "JobKind", "JobNotFound", "JobState", "MemoryBackend", "NurseryJobsError", "QueueConfig",
     "QueueStats", "Receipt", "RetryPolicy", "Runtime", "RuntimeClosed", "RuntimeSettings",
     "Snooze", "UnknownJob", "open_backend", "open_runtime", "run", "run_blocking",
@@ -17,7 +17,7 @@ def test_all_is_exactly_the_public_api():
 
 
 def test_errors_share_one_base_class():
-    for name in ("ArgsError", "BackendUnavailable", "ConfigError", "JobNotFound", "RuntimeClosed", "UnknownJob"):
+    for name in ("ArgsError", "BackendError", "BackendUnavailable", "ConfigError", "JobNotFound", "RuntimeClosed", "UnknownJob"):
         assert issubclass(getattr(nj, name), nj.NurseryJobsError)
 
 

@@ -74,7 +74,7 @@ from ..infra.pg import (  # psycopg only through infra: import order
 from .._redact import REDACTED, redact, redact_exception
 from .._faults import NO_FAULTS, Faults
 from ..config import check_timeout
-from ..errors import BackendUnavailable, ConfigError, JobNotFound
+from ..errors import BackendError, BackendUnavailable, ConfigError, JobNotFound
 from ..jobs import MAX_ERRORS_KEPT, Job, JobState
 from . import (
     BackendEvent,
@@ -446,7 +446,7 @@ class PostgresBackend:
                         "the statement failed and is not retried: see the server's log"
                     ) from exc
                 if kind is _Failure.STATEMENT:
-                    raise BackendUnavailable(
+                    raise BackendError(
                         f"PostgreSQL returned an error for the statement ({self._describe(exc)}); "
                         "the connection is fine, and the call is not retried"
                     ) from exc
