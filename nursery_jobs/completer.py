@@ -8,6 +8,15 @@ that waits for a job's receipt waits for its outcome to be written, so a tick wo
 whole period to every such request (River's batch completer records outcomes every 250 ms, and
 that cannot be configured).
 
+Backpressure. An outcome not yet written is a job still `running` in the database, so the
+completer tells each queue when its outcomes are written (`push(outcome, owner)`, then
+`owner.outcomes_written(n)`), and a queue stops claiming while more than its `max_workers` of
+its outcomes wait to be written (`QueueExecutor`). A slow write can then never grow the number
+of running rows, and with it the cost of the next write: on an analyzed table at 32 workers,
+finished-but-unwritten jobs once held no worker slot, the fetcher kept claiming, and each batch
+came slower and larger until shutdown could not flush it. A batch is also capped at
+`MAX_BATCH` outcomes, so no single statement grows without bound.
+
 Shutdown stops it last: after running jobs are finished or cancelled, `stop()` lets it drain
 what is pending and return. `drain_inline` writes anything left over if the completer task itself
 was cancelled from outside.
@@ -24,7 +33,7 @@ number, so writing an outcome twice is harmless.
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import trio
 
@@ -38,12 +47,23 @@ __all__ = ["Completer"]
 
 log = logging.getLogger("nursery_jobs")
 
+MAX_BATCH = 1_000
+"""Outcomes written by one `finish_many` call at most."""
+
+
+class OutcomeOwner(Protocol):
+    """Who is told when its outcomes are written (a queue's executor)."""
+
+    def outcomes_written(self, n: int) -> None: ...
+
 
 class Completer:
     def __init__(self, backend: Backend, faults: Faults) -> None:
         self._backend = backend
         self._faults = faults
         self._pending: list[Outcome] = []
+        self._owners: list[OutcomeOwner | None] = []
+        """Parallel to `_pending`: whom to tell when each outcome is written."""
         self._event = Wakeup()
         self._stopping = False
         self._writing: Sequence[Outcome] = ()
@@ -54,9 +74,35 @@ class Completer:
     def pending(self) -> int:
         return len(self._pending)
 
-    def push(self, outcome: Outcome) -> None:
+    def push(self, outcome: Outcome, owner: OutcomeOwner | None = None) -> None:
         self._pending.append(outcome)
+        self._owners.append(owner)
         self._event.set()
+
+    def _take(self) -> tuple[list[Outcome], list[OutcomeOwner | None]]:
+        if len(self._pending) <= MAX_BATCH:
+            batch, self._pending = self._pending, []
+            owners, self._owners = self._owners, []
+        else:
+            batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+            owners, self._owners = self._owners[:MAX_BATCH], self._owners[MAX_BATCH:]
+        return batch, owners
+
+    @staticmethod
+    def _written(owners: list[OutcomeOwner | None]) -> None:
+        if not owners:
+            return
+        first = owners[0]
+        if all(o is first for o in owners):  # one queue's batch: the common case
+            if first is not None:
+                first.outcomes_written(len(owners))
+            return
+        counts: dict[OutcomeOwner, int] = {}
+        for owner in owners:
+            if owner is not None:
+                counts[owner] = counts.get(owner, 0) + 1
+        for owner, n in counts.items():
+            owner.outcomes_written(n)
 
     def stop(self) -> None:
         self._stopping = True
@@ -136,6 +182,7 @@ class Completer:
         self._scope.cancel()
         unwritten = [o.job_id for o in (*self._writing, *self._pending)]
         self._pending = []
+        self._owners = []
         return unwritten
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -148,16 +195,18 @@ class Completer:
                             return
                         await self._event.wait()
                         continue
-                    batch, self._pending = self._pending, []
+                    batch, owners = self._take()
                     self._writing = batch
                     await self._write(batch)
                     self._writing = ()
+                    self._written(owners)
         finally:
             self.finished.set()
 
     async def drain_inline(self) -> None:
         while self._pending:
-            batch, self._pending = self._pending, []
+            batch, owners = self._take()
             self._writing = batch
             await self._write(batch)
             self._writing = ()
+            self._written(owners)

@@ -119,6 +119,9 @@ class QueueExecutor:
         self._cancel_reason: str | None = None
         self._kinds: dict[str, tuple[Any, float | None]] = {}
         self.started = 0
+        self.unwritten = 0
+        """Outcomes of this queue pushed to the completer and not written yet: jobs that are
+        still `running` in the backend. Past `max_workers` of them, claims stop (`_room`)."""
 
     # -- notifications (synchronous, called from backend events and workers) --
 
@@ -129,6 +132,18 @@ class QueueExecutor:
         elif due < self._next_due:
             self._next_due = due
             self._kick.set()
+
+    def outcomes_written(self, n: int) -> None:
+        """The completer wrote `n` of this queue's outcomes: room to claim again."""
+        self.unwritten -= n
+        self._kick.set()
+
+    def _room(self) -> int:
+        """How many jobs a claim may take now: one per idle worker, less what the completer
+        owes past `max_workers` (a slow write must never let running rows pile up)."""
+        room = len(self._idle)
+        over = self.unwritten - self.max_workers
+        return room - over if over > 0 else room
 
     def stop_claiming(self) -> None:
         self._claiming = False
@@ -165,9 +180,10 @@ class QueueExecutor:
         poll = self.cfg.poll_interval if self.cfg.poll_interval is not None else backend.poll_interval
         while self._claiming:
             now = backend.now()
-            if not self._idle or not (self._wake or now >= self._next_due):
+            room = self._room()
+            if room <= 0 or not (self._wake or now >= self._next_due):
                 wait_until = poll_at = math.inf
-                if self._idle:
+                if room > 0:
                     if self._next_due < math.inf:
                         wait_until = trio.current_time() + (self._next_due - now)
                     if poll is not None:
@@ -186,7 +202,7 @@ class QueueExecutor:
             # Due times reported during the claim must survive it: the claim's own answer was
             # read before they were written. Start from inf and merge both.
             self._next_due = math.inf
-            limit = len(self._idle)
+            limit = room
             # A claim commits before it answers: if it were cancelled mid-way, the jobs it
             # took would stay running with nobody to run them. So it runs shielded, and
             # whatever it returns is either handed to a worker or given back. The backend
@@ -314,7 +330,8 @@ class QueueExecutor:
                     if attempts.get(job.id) is attempt:
                         del attempts[job.id]
                 if error is None and not scope.cancel_called:
-                    rt.completer.push(_tuple_new(Outcome, (job.id, job.attempt, _COMPLETED, None, None)))  # the common case
+                    self.unwritten += 1
+                    rt.completer.push(_tuple_new(Outcome, (job.id, job.attempt, _COMPLETED, None, None)), self)  # common
                 else:
                     self._decide(job, kind, attempt, scope, error, timeout)
         finally:
@@ -407,7 +424,8 @@ class QueueExecutor:
         err = None
         if error is not None:
             err = JobError(job.attempt, self.rt.backend.now(), error, tb)
-        self.rt.completer.push(Outcome(job.id, job.attempt, kind, run_at, err))
+        self.unwritten += 1
+        self.rt.completer.push(Outcome(job.id, job.attempt, kind, run_at, err), self)
 
     def cancel_running(self, reason: str) -> None:
         self._cancel_reason = reason

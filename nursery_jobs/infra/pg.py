@@ -80,7 +80,7 @@ import os
 import select
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from . import aio as _aio  # noqa: F401  (trio_asyncio must be imported before psycopg)
 
@@ -161,7 +161,11 @@ class RoundTripTimeout(psycopg.OperationalError):
 
 
 def connection_params(
-    conninfo: str, *, connect_timeout: float | None = None, statement_timeout: float | None = None
+    conninfo: str,
+    *,
+    connect_timeout: float | None = None,
+    statement_timeout: float | None = None,
+    session: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The connection parameters of `conninfo` merged with the pool's: the conninfo's own
     `connect_timeout` and keepalive settings win; `KEEPALIVE_DEFAULTS` fill in the rest; a
@@ -169,7 +173,8 @@ def connection_params(
     search_path=...`` and the like are kept; the appended setting wins over one given there, so
     the pool's client-side bound and the server's agree). The server counts whole milliseconds
     and reads 0 as "no limit", so a positive `statement_timeout` is sent as at least 1 ms, rounded
-    up. Raises `psycopg.ProgrammingError` for a malformed conninfo."""
+    up. `session` settings (``{"plan_cache_mode": "force_generic_plan"}``) are appended the same
+    way. Raises `psycopg.ProgrammingError` for a malformed conninfo."""
     params = conninfo_to_dict(conninfo)
     if connect_timeout is not None and params.get("connect_timeout") in (None, ""):
         params["connect_timeout"] = max(1, math.ceil(connect_timeout))
@@ -179,6 +184,10 @@ def connection_params(
     if statement_timeout is not None:
         # round() first: 1.1 s is 1100.0000000000002 ms in floats, and must not become 1101.
         ours = f"-c statement_timeout={max(1, math.ceil(round(statement_timeout * 1000, 6)))}"
+        theirs = str(params.get("options") or "").strip()
+        params["options"] = f"{theirs} {ours}" if theirs else ours
+    for name, value in (session or {}).items():
+        ours = f"-c {name}={value}"
         theirs = str(params.get("options") or "").strip()
         params["options"] = f"{theirs} {ours}" if theirs else ours
     return params
@@ -580,8 +589,11 @@ class PgPool:
         statement_timeout: float = 30.0,
         round_trip_margin: float | None = None,
         blocking: bool = False,
+        session: Mapping[str, str] | None = None,
+        prepare_threshold: int | None = 5,
     ) -> None:
         self.conninfo = conninfo
+        self._prepare_threshold = prepare_threshold
         self.size = size
         self.blocking = blocking
         """Every wait blocks the Trio thread: for deterministic tests only (see the module doc)."""
@@ -590,7 +602,9 @@ class PgPool:
         self._statement_timeout = statement_timeout
         self.round_trip_bound = statement_timeout + (ROUND_TRIP_MARGIN if round_trip_margin is None else round_trip_margin)
         """Client-side bound of one `run` (see the class doc)."""
-        self._params = connection_params(conninfo, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
+        self._params = connection_params(
+            conninfo, connect_timeout=connect_timeout, statement_timeout=statement_timeout, session=session
+        )
         self._slots = trio.Semaphore(size)
         self._idle: list[TrioConnection] = []
         self._closed = False
@@ -606,7 +620,12 @@ class PgPool:
 
     async def _open(self, durable: bool) -> TrioConnection:
         try:
-            conn = await connect(make_conninfo("", **self._params), autocommit=True, blocking=self.blocking)
+            conn = await connect(
+                make_conninfo("", **self._params),
+                autocommit=True,
+                blocking=self.blocking,
+                prepare_threshold=self._prepare_threshold,
+            )
         except psycopg.OperationalError as exc:
             raise ConnectFailed(str(redact_exception(exc, self.conninfo))) from exc
         self._pids[conn] = conn.pgconn.backend_pid

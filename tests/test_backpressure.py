@@ -1,0 +1,81 @@
+"""Backpressure from the completer: a slow outcome write can never grow the number of running
+rows, and no outcome batch grows without bound.
+
+An outcome not yet written is a job still `running` in the backend. If finished jobs freed
+their worker slot before their outcome was written, a slow write would let the fetcher claim
+on and on: more rows running, each write slower, each batch larger (seen on an analyzed
+PostgreSQL table: thousands of jobs left running after a clean shutdown). A queue stops
+claiming while more than its `max_workers` outcomes wait to be written.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import trio
+import trio.testing
+
+import nursery_jobs as nj
+from nursery_jobs.backends import Outcome
+from nursery_jobs.completer import MAX_BATCH
+
+
+class SlowWrites(nj.MemoryBackend):
+    """Every outcome batch takes `delay` seconds to be written (a slow disk, a slow plan)."""
+
+    atomic = False
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+        self.batches: list[int] = []
+        self.peak_running = 0
+
+    async def claim(self, queue: str, limit: int):  # type: ignore[no-untyped-def]
+        result = await super().claim(queue, limit)
+        self.peak_running = max(self.peak_running, len(self._running))
+        return result
+
+    async def finish_many(self, outcomes: Sequence[Outcome]) -> None:
+        self.batches.append(len(outcomes))
+        await trio.sleep(self.delay)
+        await super().finish_many(outcomes)
+
+
+def _app(workers: int) -> nj.App:
+    app = nj.App()
+    app.queue("q", max_workers=workers, timeout=None)
+
+    @app.job(queue="q")
+    async def quick(ctx: nj.JobContext) -> None:
+        await trio.sleep(0.001)
+
+    return app
+
+
+async def test_a_slow_write_never_lets_running_rows_pile_up(autojump_clock: trio.testing.MockClock) -> None:
+    workers = 4
+    backend = SlowWrites(delay=1.0)
+    async with nj.open_runtime(_app(workers), backend=backend, grace=60) as rt:
+        ids = await rt.enqueue_many("quick", [{}] * 200)
+        for job_id in ids:
+            assert (await rt.wait(job_id, timeout=600)).state is nj.JobState.COMPLETED
+    # running in the backend = attempts in progress + outcomes not yet written
+    assert backend.peak_running <= 2 * workers, backend.peak_running
+    assert max(backend.batches) <= 2 * workers
+
+
+async def test_an_outcome_batch_is_capped(autojump_clock: trio.testing.MockClock) -> None:
+    workers = 3 * MAX_BATCH  # more unwritten outcomes at once than one batch may carry
+    backend = SlowWrites(delay=1.0)
+    app = nj.App()
+    app.queue("q", max_workers=workers, timeout=None)
+
+    @app.job(queue="q")
+    async def noop(ctx: nj.JobContext) -> None:
+        pass
+
+    async with nj.open_runtime(app, backend=backend) as rt:
+        ids = await rt.enqueue_many("noop", [{}] * workers)
+        assert (await rt.wait(ids[-1], timeout=600)).done
+    assert max(backend.batches) == MAX_BATCH and sum(backend.batches) == workers
