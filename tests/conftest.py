@@ -7,6 +7,8 @@ import pytest
 
 from tests import pgutil
 
+pytest_plugins = ["tests.timeouts"]
+
 
 @pytest.fixture(scope="session")
 def pg_url():
