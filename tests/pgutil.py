@@ -125,6 +125,13 @@ def database_names(pattern: str = "nj\\_%") -> dict[str, str | None]:
     return {name: comment for name, comment in rows}
 
 
+def _in_use(name: str) -> bool:
+    # Asked first because DROP DATABASE waits 5 s for the users of a database before refusing.
+    with admin_connect() as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (name,)).fetchone()
+    return bool(row and row[0])
+
+
 def drop_leftovers() -> list[str]:
     """Drop the databases of earlier runs that are certainly ours and gone; return their names."""
     dropped = []
@@ -141,6 +148,8 @@ def drop_leftovers() -> list[str]:
             m = _UNTAGGED.fullmatch(name)
             pid = m and int(m[1] or m[2])
             if comment is not None or not pid or not _server_is_on_this_host() or _pid_running_here(pid):
+                continue
+            if _in_use(name):
                 continue
             force = ""  # untagged: never cut anyone off; in use means not a leftover
         try:
