@@ -100,12 +100,13 @@ class _Registration:
 class _Repeats:
     """Offending steps of one job (or task) counted since its last line in the log."""
 
-    __slots__ = ("label", "extra", "until", "steps", "seconds", "longest")
+    __slots__ = ("label", "extra", "since", "until", "steps", "seconds", "longest")
 
-    def __init__(self, label: str, extra: dict[str, object], until: float) -> None:
+    def __init__(self, label: str, extra: dict[str, object], since: float) -> None:
         self.label = label
         self.extra = extra
-        self.until = until
+        self.since = since
+        self.until = since + REPEAT_WINDOW
         self.steps = 0
         self.seconds = 0.0
         self.longest = 0.0
@@ -158,7 +159,7 @@ class LoopWatch(trio.abc.Instrument):
         self.threshold = min((r.threshold for r in self._registrations), default=math.inf)
         if self._registrations:
             return False
-        self._close_windows(math.inf, everything=True)
+        self._close_windows(self._clock(), everything=True)
         return True
 
     # -- the slow path: an offending step --
@@ -214,9 +215,8 @@ class LoopWatch(trio.abc.Instrument):
             ADVICE,
             extra={**extra, "seconds": held, "steps": 1, "longest": held, "released_at": released},
         )
-        until = now + REPEAT_WINDOW
-        self._repeats[key] = _Repeats(label, extra, until)
-        self._close_at = min(self._close_at, until)
+        repeats = self._repeats[key] = _Repeats(label, extra, now)
+        self._close_at = min(self._close_at, repeats.until)
 
     def _close_windows(self, now: float, *, everything: bool) -> None:
         """Log a summary for every window that has closed (all of them if `everything`), and
@@ -228,11 +228,11 @@ class LoopWatch(trio.abc.Instrument):
                 continue
             if repeats.steps:
                 log.warning(
-                    "blocked event loop: %s held the Trio loop %d more time(s) in the last %g s: %.2f s in "
-                    "all, the longest %.2f s; %s",
+                    "blocked event loop: %s held the Trio loop %s in the last %.1f s: %.2f s in all, the "
+                    "longest %.2f s; %s",
                     repeats.label,
-                    repeats.steps,
-                    REPEAT_WINDOW,
+                    "once more" if repeats.steps == 1 else f"{repeats.steps} more times",
+                    now - repeats.since,
                     repeats.seconds,
                     repeats.longest,
                     ADVICE,
@@ -246,7 +246,7 @@ class LoopWatch(trio.abc.Instrument):
                 )
             if repeats.steps and not everything:
                 # Still offending: keep counting in a new window rather than logging each step.
-                repeats.until = now + REPEAT_WINDOW
+                repeats.since, repeats.until = now, now + REPEAT_WINDOW
                 repeats.steps, repeats.seconds, repeats.longest = 0, 0.0, 0.0
                 close_at = min(close_at, repeats.until)
             else:
@@ -258,21 +258,24 @@ def released_at(task: trio.lowlevel.Task, *, jobs: bool) -> str | None:
     """Where `task` is suspended now: the await that ended the step, as a chain of
     ``file:line in function`` from the task's outermost frame to its innermost.
 
-    Trio's frames are left out, and so are this library's when the chain has frames of the
-    caller's own code (a job's handler and what it called; a service's task): those are where to
-    look. A task of the library itself shows the library's frames; for a job there is nothing
-    useful to show without the handler's. Long chains keep their first frame and last two.
+    Trio's frames are left out, and so are this library's frames above the caller's own code
+    (the worker loop above a job's handler): the chain starts where the caller's code does, and
+    goes on into the library if that is where the await is (an `enqueue_many`). A task of the
+    library itself shows the library's frames; for a job whose handler is no longer on the stack
+    there is nothing useful to show. Long chains keep their first frame and last two.
     """
-    ours: list[str] = []
-    theirs: list[str] = []
+    chain: list[str] = []
+    theirs = False
     for frame, lineno in task.iter_await_frames():
         path = frame.f_code.co_filename
         if path.startswith(_TRIO_DIR) or _TRIO_ASYNCIO_PART in path:
             continue
-        here = f"{os.path.basename(path)}:{lineno} in {frame.f_code.co_name}"
-        (ours if path.startswith(_LIBRARY_DIR) else theirs).append(here)
-    chain = theirs or ([] if jobs else ours)
-    if not chain:
+        ours = path.startswith(_LIBRARY_DIR)
+        if not ours and not theirs:
+            theirs = True
+            chain.clear()  # the library's frames above the caller's code say nothing
+        chain.append(f"{os.path.basename(path)}:{lineno} in {frame.f_code.co_name}")
+    if not chain or (jobs and not theirs):
         return None
     if len(chain) > 3:
         chain = [chain[0], "...", *chain[-2:]]
