@@ -97,6 +97,38 @@ async def test_handlers_that_await_log_nothing_even_over_hours_of_virtual_time(a
     assert blocked(caplog_warnings) == []
 
 
+class WaitsTakeTime(trio.abc.Instrument):
+    """Each wait of the loop for I/O and timers takes 5 s of (fake) real time."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+
+    def before_io_wait(self, timeout: float) -> None:
+        self.clock.advance(5.0)
+
+
+async def test_time_the_loop_spends_waiting_is_never_counted(clock, autojump_clock, caplog_warnings) -> None:
+    app = nj.App()
+    app.queue("q", max_workers=2, timeout=None)
+
+    @app.job(queue="q")
+    async def napper(ctx: nj.JobContext) -> None:
+        for _ in range(3):
+            await trio.sleep(60)
+
+    waits = WaitsTakeTime(clock)
+    trio.lowlevel.add_instrument(waits)
+    try:
+        with trio.fail_after(3600):
+            async with nj.open_runtime(app, settings=settings(0.1)) as rt:
+                ids = await napper.enqueue_many([{}] * 4)
+                assert all([(await rt.wait(i, timeout=600)).done for i in ids])
+    finally:
+        trio.lowlevel.remove_instrument(waits)
+    assert clock.now > 1000.0 + 10 * 5.0  # the waits did take (fake) time
+    assert blocked(caplog_warnings) == []
+
+
 async def test_a_child_task_is_attributed_to_its_job(clock, caplog_warnings) -> None:
     app = nj.App()
     app.queue("q", max_workers=2, timeout=None)
