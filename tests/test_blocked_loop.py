@@ -97,6 +97,27 @@ async def test_handlers_that_await_log_nothing_even_over_hours_of_virtual_time(a
     assert blocked(caplog_warnings) == []
 
 
+async def test_the_clock_is_real_time_whatever_trios_clock_says(autojump_clock, caplog_warnings) -> None:
+    app = nj.App()
+    app.queue("q", max_workers=1, timeout=None)
+
+    @app.job(queue="q")
+    async def leaps(ctx: nj.JobContext) -> None:
+        # 20 s of virtual time inside one step, and no real time (more would outlast rescue_after
+        # and have the job rescued while it runs)
+        autojump_clock.jump(20)
+
+    @app.job(queue="q")
+    async def blocks(ctx: nj.JobContext) -> None:
+        time.sleep(0.2)  # real blocking, which the MockClock does not see
+
+    with trio.fail_after(600):
+        async with nj.open_runtime(app, settings=settings(0.1)) as rt:
+            leap, block = await leaps.enqueue(), await blocks.enqueue()
+            assert (await rt.wait(leap, timeout=10)).done and (await rt.wait(block, timeout=10)).done
+    assert [r.kind for r in blocked(caplog_warnings)] == ["blocks"]  # type: ignore[attr-defined]
+
+
 class WaitsTakeTime(trio.abc.Instrument):
     """Each wait of the loop for I/O and timers takes 5 s of (fake) real time."""
 
