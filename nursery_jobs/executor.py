@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._context import current_job_id
+from ._context import current_job_id, current_worker_box
 from .backends import ClaimedJob, ClaimResult, Outcome, OutcomeKind
 from .config import QueueConfig
 from .errors import ArgsError
@@ -246,6 +246,7 @@ class QueueExecutor:
         rt = self.rt
         attempts = rt.attempts
         box: Mailbox[ClaimedJob] = Mailbox()
+        current_worker_box.set(box)  # names this worker's job to the blocked-loop watchdog
         try:
             while self._claiming:
                 self._idle.append(box)
