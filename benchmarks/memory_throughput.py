@@ -26,6 +26,8 @@ Usage:
     .venv/bin/python benchmarks/memory_throughput.py            # full run, about a minute
     .venv/bin/python benchmarks/memory_throughput.py --check    # exit 1 if a target is missed
     .venv/bin/python benchmarks/memory_throughput.py --quick    # tiny sizes: only proves it runs
+    .venv/bin/python benchmarks/memory_throughput.py --watchdog # the blocked-loop watchdog's price:
+                                                                # runtime rounds with it on and off
 
 Results are recorded in benchmarks/RESULTS.md. Speed is never asserted in tests; the test suite
 only runs `--quick` to keep this script from rotting.
@@ -53,7 +55,7 @@ except ImportError:  # run as a script: benchmarks/ is sys.path[0]
     from baselines.plain_trio import run_baseline  # type: ignore[no-redef]
     from report import percentile, render_table  # type: ignore[no-redef]
 
-__all__ = ["Figures", "Sizes", "main", "measure", "measure_latency", "measure_memory", "measure_runtime"]
+__all__ = ["Figures", "Sizes", "main", "measure", "measure_latency", "measure_memory", "measure_runtime", "measure_watchdog"]
 
 TARGET_RATIO = 0.5
 TARGET_P50_S = 0.001
@@ -167,7 +169,7 @@ def _bench_app(workers: int) -> tuple[nj.App, nj.JobKind[Any, Any], nj.JobKind[A
     return app, noop, probe, box
 
 
-def measure_runtime(n: int, workers: int) -> tuple[float, float]:
+def measure_runtime(n: int, workers: int, settings: nj.RuntimeSettings | None = None) -> tuple[float, float]:
     """(wall seconds, CPU seconds) for the runtime to run `n` no-op jobs, from `enqueue_many` to
     the last outcome."""
     app, noop, _probe, box = _bench_app(workers)
@@ -185,7 +187,7 @@ def measure_runtime(n: int, workers: int) -> tuple[float, float]:
             raise RuntimeError(f"job {tally.last_id} ran but its outcome was not recorded: {receipt}")
         return elapsed, cpu
 
-    elapsed = nj.run(main, app=app, grace=0.0)
+    elapsed = nj.run(main, app=app, grace=0.0, settings=settings)
     if elapsed is None:
         raise KeyboardInterrupt
     return elapsed
@@ -269,6 +271,45 @@ def measure(sizes: Sizes, *, log: Any = print) -> Figures:
     return Figures(sizes, baseline, runtime, latencies, bytes_per_job)
 
 
+UNWATCHED = nj.RuntimeSettings(blocked_loop_warning=None)
+
+
+def measure_watchdog(sizes: Sizes, *, log: Any = print) -> tuple[list[Round], list[Round]]:
+    """The blocked-loop watchdog's price: runtime rounds with it on (the default) and off,
+    alternating, each pair back to back. Returns (on, off)."""
+    on: list[Round] = []
+    off: list[Round] = []
+    measure_runtime(min(sizes.jobs, 2_000), sizes.workers)
+    measure_runtime(min(sizes.jobs, 2_000), sizes.workers, UNWATCHED)
+    for i in range(sizes.rounds):
+        # Alternate which side goes first, so a drift in the machine's load favours neither.
+        order = [(on, None), (off, UNWATCHED)] if i % 2 == 0 else [(off, UNWATCHED), (on, None)]
+        for rounds, settings in order:
+            gc.collect()
+            rounds.append(Round(sizes.jobs, *measure_runtime(sizes.jobs, sizes.workers, settings)))
+        a, b = on[-1], off[-1]
+        log(
+            f"round {i + 1}/{sizes.rounds}: CPU per job: watchdog on {1e6 / a.per_cpu_s:.2f} us, "
+            f"off {1e6 / b.per_cpu_s:.2f} us ({b.per_cpu_s / a.per_cpu_s - 1:+.1%})"
+        )
+    return on, off
+
+
+def watchdog_table(on: list[Round], off: list[Round]) -> str:
+    def us(rounds: list[Round]) -> float:
+        return statistics.median(1e6 / r.per_cpu_s for r in rounds)
+
+    paired = statistics.median(b.per_cpu_s / a.per_cpu_s - 1 for a, b in zip(on, off))
+    rows = [
+        ("metric", "value"),
+        ("CPU per job, watchdog on (median)", f"{us(on):.2f} us"),
+        ("CPU per job, watchdog off (median)", f"{us(off):.2f} us"),
+        ("extra CPU per job with it on (median of paired rounds)", f"{paired:+.1%}"),
+        ("per-round extra", " ".join(f"{b.per_cpu_s / a.per_cpu_s - 1:+.1%}" for a, b in zip(on, off))),
+    ]
+    return render_table(rows)
+
+
 def table(f: Figures) -> str:
     ok = f.verdicts()
     verdict = {k: "PASS" if v else "FAIL" for k, v in ok.items()}
@@ -301,6 +342,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, help=f"jobs per throughput round (default {Sizes().jobs:,})")
     parser.add_argument("--rounds", type=int, help=f"alternating rounds (default {Sizes().rounds})")
     parser.add_argument("--workers", type=int, help=f"K, workers on both sides (default {Sizes().workers})")
+    parser.add_argument(
+        "--watchdog", action="store_true", help="only the blocked-loop watchdog's price: runtime rounds with it on and off"
+    )
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else Sizes()
     overrides = {k: v for k, v in (("jobs", args.jobs), ("rounds", args.rounds), ("workers", args.workers)) if v}
@@ -309,6 +353,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"nursery_jobs memory benchmark: {sizes}")
     print(f"python {sys.version.split()[0]}, trio {trio.__version__}, nursery_jobs {nj.__version__}")
     started = time.monotonic()
+    if args.watchdog:
+        on, off = measure_watchdog(sizes)
+        print()
+        print(watchdog_table(on, off))
+        print(f"\n({time.monotonic() - started:.1f} s)")
+        return 0
     figures = measure(sizes)
     print()
     print(table(figures))

@@ -1,13 +1,19 @@
-"""The runtime of the current context, for `JobKind.enqueue` and `run_blocking`."""
+"""The runtime and the job of the current context: for `JobKind.enqueue` and `run_blocking`, and
+for the blocked-loop watchdog, which asks which job a task's step belonged to."""
 
 from __future__ import annotations
 
 import contextvars
 from typing import TYPE_CHECKING
 
+import trio
+
 from .errors import RuntimeClosed
+from .infra.watchdog import Culprit
 
 if TYPE_CHECKING:
+    from .backends import ClaimedJob
+    from .infra.sync import Mailbox
     from .runtime import Runtime
 
 current_runtime: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar(
@@ -27,3 +33,36 @@ def get_runtime(what: str) -> Runtime:
 
 current_job_id: contextvars.ContextVar[int | None] = contextvars.ContextVar("nursery_jobs.current_job_id", default=None)
 """The id of the job whose attempt this task belongs to (children inherit it)."""
+
+current_worker_box: contextvars.ContextVar[Mailbox[ClaimedJob] | None] = contextvars.ContextVar(
+    "nursery_jobs.current_worker_box", default=None
+)
+"""The mailbox of the worker this task is (or descends from): its `last` is the job it ran last."""
+
+
+def culprit_of(task: trio.lowlevel.Task) -> Culprit | None:
+    """The job whose code `task` ran in its last step, for the blocked-loop watchdog.
+
+    `current_job_id` alone is not enough: a handler that blocks and then returns without another
+    await ends its attempt in the same step, and the worker resets the id before the step ends.
+    A worker's step never spans two jobs (after an attempt the worker parks before it takes the
+    next), so the job its mailbox delivered last is the one that ran. A child task of
+    `ctx.children()` inherits both variables; its job id and the mailbox's job agree while the
+    attempt runs, and a task whose job id disagrees (one that escaped its attempt) is not
+    attributed.
+    """
+    context = task.context
+    box = context.get(current_worker_box)
+    if box is None:
+        return None
+    job = box.last
+    if job is None:
+        return None
+    running = context.get(current_job_id)
+    if running is None:
+        return Culprit(job.id, job.kind, job.queue, ended=True)
+    if running != job.id:
+        return None
+    parent = task.parent_nursery.parent_task if task.parent_nursery is not None else None
+    in_child = parent is not None and parent.context.get(current_worker_box) is box
+    return Culprit(job.id, job.kind, job.queue, child=task.name if in_child else None)

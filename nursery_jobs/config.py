@@ -15,6 +15,7 @@
 | `rescue_interval` | 15 s | how often each process looks for stale running jobs | a quarter of `rescue_after`: a crashed job waits at most ~1.25 x `rescue_after` |
 | `keep_completed` / `keep_cancelled` / `keep_discarded` | 24 h / 24 h / 7 days | final jobs are deleted this long after they ended | River's periods: discarded jobs are what an operator investigates, so they stay longest |
 | `retention_interval` | 5 min (at least 1 s) | how often retention runs | deletes in small, frequent batches instead of one large sweep; a shorter interval only spins a DELETE loop |
+| `blocked_loop_warning` | 0.25 s | a task step that holds the Trio loop longer is logged as a warning naming its job (id, kind, queue) and how long it held the loop; `None` turns the watch off | a quarter second is a stall a user notices, and far above any step that awaits as it should (microseconds) or a garbage collection; the watch costs about 4 % of a no-op job's CPU, less of any real job's, so it is on by default |
 | `poll_interval` | backend's (memory: none; SQLite and PostgreSQL: 1 s); at least 0.01 s | fallback fetch when no wake-up arrives, and how often a receipt awaited in another process looks again; `QueueConfig.poll_interval` overrides per queue (awaited queues: 0.1 s) | wake-ups from other processes can be lost or absent; polling bounds the delay |
 """
 
@@ -211,6 +212,8 @@ class RuntimeSettings:
     keep_cancelled: float = attrs.field(default=24 * 3600.0, validator=_non_negative)
     keep_discarded: float = attrs.field(default=7 * 24 * 3600.0, validator=_non_negative)
     retention_interval: float = attrs.field(default=300.0, validator=_at_least(1.0))
+    blocked_loop_warning: float | None = attrs.field(default=0.25, validator=_timeout_validator)
+    """Warn when one task step holds the Trio loop longer than this many seconds (None: never)."""
 
     def __attrs_post_init__(self) -> None:
         if self.rescue_after < 3 * self.heartbeat_interval:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._context import current_job_id
+from ._context import current_job_id, current_worker_box
 from .backends import ClaimedJob, ClaimResult, Outcome, OutcomeKind
 from .config import QueueConfig
 from .errors import ArgsError
@@ -262,6 +262,7 @@ class QueueExecutor:
         rt = self.rt
         attempts = rt.attempts
         box: Mailbox[ClaimedJob] = Mailbox()
+        current_worker_box.set(box)  # names this worker's job to the blocked-loop watchdog
         try:
             while self._claiming:
                 self._idle.append(box)
@@ -277,9 +278,10 @@ class QueueExecutor:
                 if job is None:
                     return
                 self.started += 1
-                if self._cancel_reason is not None:
-                    # Handed to this worker before shutdown cancelled the running attempts, but
-                    # not started yet: it never starts, and the attempt is given back.
+                if self._cancel_reason is not None or not self._claiming:
+                    # Handed to this worker before shutdown began (a signal can land between the
+                    # fetcher's hand-off and this task's wake-up), but not started yet: nothing
+                    # starts once shutdown has begun, so the attempt is given back.
                     self._finish(job, OutcomeKind.INTERRUPTED)
                     continue
                 cached = self._kinds.get(job.kind) or self._lookup_kind(job)

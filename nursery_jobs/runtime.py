@@ -38,7 +38,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, S
 import attrs
 import trio
 
-from ._context import current_runtime
+from ._context import culprit_of, current_runtime
 from ._faults import NO_FAULTS, Faults
 from .app import App, JobKind
 from .backends import Backend, BackendEvent, CancelRequested, JobFinalized, JobsAvailable, NewJob, open_backend
@@ -50,6 +50,7 @@ from .executor import Attempt, QueueExecutor
 from .infra.owner import TaskOwner, open_owner
 from .infra.runner import run_trio, watch_shutdown_signals
 from .infra.sync import Wakeup
+from .infra.watchdog import watch_blocked_loop
 from .jobs import Job, JobId, JobState, Receipt, _ExistingJobId, check_job_id, encode_args
 
 __all__ = ["QueueStats", "Runtime", "open_runtime", "run"]
@@ -648,6 +649,7 @@ async def open_runtime(
         needs_aio = any(k.asyncio and k.queue in names for k in app.kinds.values())
         try:
             async with AsyncExitStack() as stack:
+                stack.enter_context(watch_blocked_loop(settings.blocked_loop_warning, culprit_of))
                 if needs_aio:  # imported only when needed: trio_asyncio costs 0.3 s to import
                     from .infra.aio import maybe_open_loop
 

@@ -3,18 +3,86 @@
 The server is the machine's local PostgreSQL (127.0.0.1:5432, trust auth), or NJ_TEST_PG_URL.
 Off CI an unreachable server skips the PostgreSQL tests with a reason; under CI=true it fails
 them, so a broken server can never turn the suite green by skipping.
+
+The suite touches only what it made. Its databases are named `nj_test_<pid>` (and
+`nj_test_<pid>_docs`) and carry an owner tag as their comment: the boot and PID namespace of the
+host that made them, the pid, and that process's start time. The session's database is dropped
+when the session ends, whether it passed, failed or was interrupted (Ctrl-C, and SIGTERM and
+SIGHUP, which tests/conftest.py turns into Ctrl-C). Only a SIGKILL can leave one behind, so each
+session first drops the leftovers that are certainly of a run that is gone (`drop_leftovers`):
+the tag names this boot and PID namespace, and that pid is no longer the process that made it
+(gone, or reused by another process). A database tagged by another host or container is left
+alone. An untagged one (made before the tags, or by the benchmarks: `nj_bench_<name>_<pid>`,
+benchmarks/pg_common.py) is dropped only if the server is on this host, its pid is not running
+here, and nobody is connected to it.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import re
+from pathlib import Path
 
 import psycopg
 import pytest
 
 ADMIN_URL = os.environ.get("NJ_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 _counter = itertools.count(1)
+
+TAG_PREFIX = "nursery_jobs test run: "
+_TAG = re.compile(r"boot=(?P<boot>[\w-]+) pidns=(?P<pidns>\S+) pid=(?P<pid>\d+) start=(?P<start>\d+)")
+_UNTAGGED = re.compile(r"nj_test_(\d+)(?:_docs)?|nj_bench_[a-z0-9_]+?_(\d+)")
+
+
+# -- who made it, and are they gone --
+
+
+def _boot_id() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def _pidns() -> str:
+    return os.readlink("/proc/self/ns/pid")
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot, or None if no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(stat.rpartition(")")[2].split()[19])  # field 22; the name before ")" may hold spaces
+
+
+def owner_tag(pid: int | None = None) -> str:
+    """The tag of process `pid` (this one by default) as the owner of something it made."""
+    pid = os.getpid() if pid is None else pid
+    start = _start_time(pid)
+    assert start is not None, f"no process {pid}"
+    return f"{TAG_PREFIX}boot={_boot_id()} pidns={_pidns()} pid={pid} start={start}"
+
+
+def owner_is_gone(tag: str | None) -> bool:
+    """True only if `tag` names a process of this boot and PID namespace that is not running."""
+    if not tag or not tag.startswith(TAG_PREFIX):
+        return False
+    m = _TAG.fullmatch(tag[len(TAG_PREFIX) :])
+    if m is None or m["boot"] != _boot_id() or m["pidns"] != _pidns():
+        return False  # another host, boot or container: its processes cannot be seen from here
+    return _start_time(int(m["pid"])) != int(m["start"])
+
+
+def _pid_running_here(pid: int) -> bool:
+    return _start_time(pid) is not None
+
+
+def _server_is_on_this_host() -> bool:
+    host = psycopg.conninfo.conninfo_to_dict(ADMIN_URL).get("host") or ""
+    return host in ("", "localhost", "::1") or host.startswith("127.") or host.startswith("/")
+
+
+# -- the session's database --
 
 
 def admin_connect() -> psycopg.Connection:
@@ -27,13 +95,15 @@ def unreachable(reason: str) -> None:
     pytest.skip(f"PostgreSQL not reachable: {reason}")
 
 
-def create_database() -> str:
-    """A new empty database; returns its URL."""
-    name = f"nj_test_{os.getpid()}"
+def create_database(suffix: str = "") -> str:
+    """A new empty database of this process, tagged as ours; returns its URL."""
+    name = f"nj_test_{os.getpid()}{suffix}"
     try:
         with admin_connect() as conn:
+            # The name holds our pid: a database of that name is of a run that is gone.
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             conn.execute(f'CREATE DATABASE "{name}"')
+            conn.execute(f"COMMENT ON DATABASE \"{name}\" IS '{owner_tag()}'")
     except psycopg.OperationalError as exc:
         unreachable(str(exc).strip())
     base, _, _ = ADMIN_URL.rpartition("/")
@@ -44,6 +114,51 @@ def drop_database(url: str) -> None:
     name = url.rpartition("/")[2]
     with admin_connect() as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def database_names(pattern: str = "nj\\_%") -> dict[str, str | None]:
+    """Databases whose name is LIKE `pattern`, with their comments."""
+    with admin_connect() as conn:
+        rows = conn.execute(
+            "SELECT datname, shobj_description(oid, 'pg_database') FROM pg_database WHERE datname LIKE %s", (pattern,)
+        ).fetchall()
+    return {name: comment for name, comment in rows}
+
+
+def _in_use(name: str) -> bool:
+    # Asked first because DROP DATABASE waits 5 s for the users of a database before refusing.
+    with admin_connect() as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (name,)).fetchone()
+    return bool(row and row[0])
+
+
+def drop_leftovers() -> list[str]:
+    """Drop the databases of earlier runs that are certainly ours and gone; return their names."""
+    dropped = []
+    try:
+        found = database_names()
+    except psycopg.OperationalError:
+        return dropped  # create_database reports the unreachable server
+    for name, comment in found.items():
+        if comment is not None and comment.startswith(TAG_PREFIX):
+            if not owner_is_gone(comment):
+                continue
+            force = " WITH (FORCE)"  # what is still connected can only be that run's orphans
+        else:
+            m = _UNTAGGED.fullmatch(name)
+            pid = m and int(m[1] or m[2])
+            if comment is not None or not pid or not _server_is_on_this_host() or _pid_running_here(pid):
+                continue
+            if _in_use(name):
+                continue
+            force = ""  # untagged: never cut anyone off; in use means not a leftover
+        try:
+            with admin_connect() as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}"{force}')
+        except psycopg.errors.ObjectInUse:
+            continue
+        dropped.append(name)
+    return dropped
 
 
 def new_schema(url: str) -> str:

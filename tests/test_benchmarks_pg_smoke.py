@@ -23,6 +23,7 @@ BENCH = ROOT / "benchmarks"
 # The scripts read the same admin URL as the test suite.
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "NJ_BENCH_PG_URL": pgutil.ADMIN_URL}
 TIMEOUT = 240  # --quick takes seconds; the bound is for a loaded 2-core machine, not a speed claim
+pytestmark = pytest.mark.timeout(TIMEOUT + 60)  # the subprocess's own bound fires first and says more
 
 
 @pytest.fixture

@@ -213,21 +213,16 @@ def migrate_in_process(url: str, *args: str) -> str:
 def docs_db(pg_url: str):
     """A database of its own, migrated by the pages' command: schema `jobs` (`--schema jobs`, as
     the pages show it) and the default `nursery_jobs` (the programs' DATABASE_URL)."""
-    name = pg_url.rpartition("/")[2] + "_docs"
-    with pgutil.admin_connect() as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = f"{pg_url.rpartition('/')[0]}/{name}"
-    outputs = [
-        migrate_cli(url, "--schema", "jobs"),
-        migrate_in_process(url, "--schema", "jobs"),
-        migrate_in_process(url),
-    ]
+    url = pgutil.create_database("_docs")  # tagged and named as the session's: same cleanup
     try:
+        outputs = [
+            migrate_cli(url, "--schema", "jobs"),
+            migrate_in_process(url, "--schema", "jobs"),
+            migrate_in_process(url),
+        ]
         yield url, outputs
     finally:
-        with pgutil.admin_connect() as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        pgutil.drop_database(url)
 
 
 def test_the_migrate_command_prints_what_the_page_shows(docs_db) -> None:

@@ -162,6 +162,7 @@ def test_second_signal_skips_the_grace() -> None:
     assert took < FLUSH_BOUND + SLACK, f"took {took:.1f} s to stop"
 
 
+@pytest.mark.timeout(180)  # above the subprocess's own 120 s bound, which says more
 def test_memory_benchmark_quick_mode_runs() -> None:
     result = subprocess.run(
         [sys.executable, str(BENCHMARK), "--quick"],

@@ -156,3 +156,52 @@ async def test_receipt_from_another_process_on_sqlite_arrives_within_a_poll(tmp_
             receipt = await web.wait(job_id, timeout=20)
             assert receipt.state is nj.JobState.COMPLETED
             assert trio.current_time() - t0 < 10  # not the full timeout: the waiter re-read it
+
+
+class ShutdownAfterHandOffBackend(nj.MemoryBackend):
+    """Begins the runtime's shutdown at the first `now()` after a claim that took a job. The
+    fetcher reads `now()` at the top of its loop, synchronously after handing the claimed jobs to
+    idle workers' mailboxes and before any worker ran: the order of a shutdown signal that lands
+    between the hand-off and the worker's wake-up (as `run()`'s first signal can)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runtime: nj.Runtime | None = None
+        self.armed = False
+        self.fired_at: float | None = None
+
+    async def claim(self, queue, limit):
+        result = await super().claim(queue, limit)
+        if result.jobs and self.runtime is not None and self.fired_at is None:
+            self.armed = True
+        return result
+
+    def now(self) -> float:
+        if self.armed:
+            self.armed = False
+            assert self.runtime is not None
+            self.fired_at = trio.current_time()
+            self.runtime.begin_shutdown()
+        return super().now()
+
+
+async def test_a_job_handed_to_a_worker_but_not_started_when_shutdown_begins_is_given_back(autojump_clock):
+    # Flaky before: tests/test_run.py::test_first_signal_stops_claiming_while_main_still_unwinds
+    # saw a job start after main had seen its Cancelled. Nothing may start once shutdown began.
+    app = nj.App()
+    app.queue("q", max_workers=1, timeout=30)
+    started = []
+
+    @app.job(queue="q")
+    async def work(ctx: nj.JobContext) -> None:
+        started.append(trio.current_time())
+
+    backend = ShutdownAfterHandOffBackend()
+    async with nj.open_runtime(app, backend=backend, grace=5) as rt:
+        backend.runtime = rt
+        job_id = await work.enqueue()
+        await trio.sleep(1)
+    assert backend.fired_at is not None, "the planted shutdown never ran: the test proves nothing"
+    assert started == []
+    job = await backend.get_job(job_id)
+    assert job.state is nj.JobState.AVAILABLE and job.attempt == 0  # given back, attempt and all

@@ -4,9 +4,12 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.timeout(360)  # a cold mypy cache in a fresh clone; the subprocess bound is 300 s
 def test_mypy_strict_is_clean():
     assert (ROOT / "nursery_jobs" / "py.typed").exists()
     proc = subprocess.run(

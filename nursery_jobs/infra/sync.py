@@ -27,14 +27,18 @@ T = TypeVar("T")
 class Mailbox(Generic[T]):
     """One consumer `get`s; a producer `put`s at most one item before the consumer takes it."""
 
-    __slots__ = ("_task", "_item", "_full")
+    __slots__ = ("_task", "_item", "_full", "last")
 
     def __init__(self) -> None:
         self._task: trio.lowlevel.Task | None = None
         self._item: T | None = None
         self._full = False
+        self.last: T | None = None
+        """The item put most recently, kept after the consumer took it: a worker's box tells
+        the blocked-loop watchdog which job the worker ran last, even once its attempt ended."""
 
     def put(self, item: T | None) -> None:
+        self.last = item
         task = self._task
         if task is not None:
             self._task = None

@@ -396,16 +396,15 @@ async def test_a_finish_in_another_process_reaches_a_waiter_through_notify(pg_ur
                 assert time.perf_counter() - t0 < 20  # not a 60 s poll
 
 
-async def test_survives_a_server_restart(pg_url):
+async def test_survives_a_server_restart(private_cluster):
     """Restart the PostgreSQL server under a running runtime: the pool drops its dead
-    connections, the listener reconnects, and every job still completes. Runs last in this file
-    (pytest keeps file order), so nothing else holds a connection while the server restarts."""
-    import pathlib
-    import shutil
-
-    versions = sorted(p.name for p in pathlib.Path("/etc/postgresql").glob("*")) if pathlib.Path("/etc/postgresql").exists() else []
-    if shutil.which("pg_ctlcluster") is None or not versions:
-        pgutil.unreachable("pg_ctlcluster is not available to restart the server")
+    connections, the listener reconnects, and every job still completes. The server is this
+    test's own private cluster (tests/pg_cluster.py): the machine's shared server is never
+    restarted by the suite."""
+    shared_started = _shared_server_started_at()
+    url = private_cluster.url
+    schema = "restart"
+    migrate(url, schema)
     app = nj.App()
     app.queue("q", max_workers=4, timeout=30, poll_interval=60)  # only LISTEN can wake it quickly
 
@@ -413,18 +412,13 @@ async def test_survives_a_server_restart(pg_url):
     async def work(ctx: nj.JobContext, n: int) -> None:
         await trio.sleep(0.01)
 
-    def restart() -> None:
-        subprocess.run(
-            ["pg_ctlcluster", "--skip-systemctl-redirect", versions[-1], "main", "restart"],
-            check=True, capture_output=True, timeout=120,
-        )  # fmt: skip
-
-    backend = _backend(pg_url, poll_interval=60)
+    backend = PostgresBackend(url, schema=schema, poll_interval=60)
     async with nj.open_runtime(app, backend=backend) as rt:
         first = await work.enqueue_many([{"n": n} for n in range(10)])
         for job_id in first:
             assert (await rt.wait(job_id, timeout=10)).done
-        await trio.to_thread.run_sync(restart)
+        pids_before = set(backend.pool.backend_pids)
+        await trio.to_thread.run_sync(private_cluster.restart)
         # The first write after the restart succeeds: the pool finds the connections the server
         # ended (their sockets are readable: the goodbye, or EOF) before sending anything.
         with trio.fail_after(60):
@@ -433,3 +427,14 @@ async def test_survives_a_server_restart(pg_url):
         for job_id in second:
             assert (await rt.wait(job_id, timeout=30)).state is nj.JobState.COMPLETED
         assert time.perf_counter() - t0 < 30  # well under the 60 s poll: LISTEN came back
+        # the restart really ended the connections the pool held: it now holds new ones
+        assert pids_before and backend.pool.backend_pids and not pids_before & backend.pool.backend_pids
+    assert _shared_server_started_at() == shared_started, "the shared server was restarted"
+
+
+def _shared_server_started_at() -> object:
+    try:
+        with pgutil.admin_connect() as conn:
+            return conn.execute("SELECT pg_postmaster_start_time()").fetchone()[0]
+    except psycopg.OperationalError:
+        return None  # not reachable: this test does not need it

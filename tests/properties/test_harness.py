@@ -3,6 +3,9 @@ reference model reproduces a timeline worked out by hand, and the profiles are r
 A harness that cannot fail would make every property a toy."""
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import trio
@@ -13,6 +16,8 @@ import nursery_jobs as nj
 
 from .audit import PropertyFailed, TaskAudit
 from .model import OK, RAISE, JobSpec, Model, QueueSpec, Step, raise_message, timeout_message
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_audited(app: nj.App) -> TaskAudit:
@@ -91,6 +96,32 @@ def test_profiles() -> None:
     assert settings.get_profile("nightly").max_examples == 3000
     for name in ("ci", "nightly"):
         assert settings.get_profile(name).deadline is None
-    assert settings.default is not None
-    wanted = os.environ.get("NURSERY_JOBS_HYPOTHESIS_PROFILE", "ci")
-    assert settings.default.max_examples == settings.get_profile(wanted).max_examples
+
+
+# What each profile sets that Hypothesis's own defaults (100 examples, 50 steps, a 200 ms
+# deadline) do not: so "ci" in effect is told apart from no profile loaded at all.
+_IN_EFFECT = {"ci": ["100", "30", "None"], "nightly": ["3000", "100", "None"]}
+
+
+@pytest.mark.parametrize("variable", ["ci", "nightly", None])
+def test_the_profile_the_environment_names_is_the_one_in_effect(variable) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "NURSERY_JOBS_HYPOTHESIS_PROFILE"}
+    if variable is not None:
+        env["NURSERY_JOBS_HYPOTHESIS_PROFILE"] = variable
+    code = (
+        "import tests.properties.conftest\n"
+        "from hypothesis import settings\n"
+        "s = settings.default\n"
+        "print(s.max_examples, s.stateful_step_count, s.deadline)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == _IN_EFFECT[variable or "ci"]
+
+
+def test_an_unknown_profile_name_is_an_error_not_a_silent_default() -> None:
+    env = {**os.environ, "NURSERY_JOBS_HYPOTHESIS_PROFILE": "nightlyy"}
+    proc = subprocess.run(
+        [sys.executable, "-c", "import tests.properties.conftest"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode != 0 and "nightlyy" in proc.stderr, proc.stderr
