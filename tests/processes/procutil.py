@@ -141,12 +141,18 @@ class Execution:
     t: float
 
 
-def read_executions(log_dir: Path) -> list[Execution]:
+def read_executions(log_dir: Path, *, live: bool = False) -> list[Execution]:
     """Every record every worker wrote, in time order. A torn last line (a process killed
-    mid-write; one `os.write` of a short line is atomic in practice) would fail loudly here."""
+    mid-write) fails loudly here, unless `live`: while workers run, a read can land in the
+    middle of another process's `os.write` to the same file (a reader of a regular file takes
+    no lock against a writer), so the last, unterminated line of a file is left for the next
+    read."""
     out = []
     for path in sorted(log_dir.glob("exec-*.jsonl")):
-        for line in path.read_text().splitlines():
+        text = path.read_text()
+        if live and not text.endswith("\n"):
+            text = text[: text.rfind("\n") + 1]
+        for line in text.splitlines():
             if line:
                 out.append(Execution(**json.loads(line)))
     out.sort(key=lambda e: e.t)

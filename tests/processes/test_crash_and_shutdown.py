@@ -47,7 +47,7 @@ def test_sigkill_mid_run_loses_nothing_and_reruns_only_what_was_running(spawner,
         return {e.id for e in read_executions(spawner.log_dir) if e.pid == victim.pid and e.ev == ev}
 
     def victim_mid_run() -> bool:
-        mine = [e for e in read_executions(spawner.log_dir) if e.pid == victim.pid]
+        mine = [e for e in read_executions(spawner.log_dir, live=True) if e.pid == victim.pid]
         ended = {e.id for e in mine if e.ev == "end"}
         fresh = [e for e in mine if e.ev == "start" and e.id not in ended and time.time() - e.t < 0.3]
         return len(mine) >= 32 and bool(fresh)  # a second batch done, and a job just started
