@@ -47,7 +47,7 @@ Where the registry lives. Beside the file, from the file's real path (symlinks r
 SQLite does for its WAL), when the longest socket path fits AF_UNIX's limit (108 bytes on
 Linux, 104 on macOS; 103 is used). Otherwise under the system temp dir, in a private directory
 of this user keyed by a hash of the file's real path,
-``<tmp>/nursery_jobs-wake-<uid>/<hash>/``: every process computes the same place from the same
+``<tmp>/nj-wake-<uid>/<hash>/``: every process computes the same place from the same
 path, so they still find each other -- provided they see the same temp dir (the same ``TMPDIR``,
 no private /tmp) and run as the same user. If that is too long as well, wake-ups are off and the
 poll does the work. Abstract-namespace sockets (Linux) were the other option for long paths; they
@@ -122,8 +122,8 @@ def registry_dir(db_path: str) -> str | None:
     beside = real + ".wake"
     if _fits(beside):
         return beside
-    digest = hashlib.sha256(os.fsencode(real)).hexdigest()[:24]
-    fallback = os.path.join(tempfile.gettempdir(), f"nursery_jobs-wake-{os.getuid()}", digest)
+    digest = hashlib.sha256(os.fsencode(real)).hexdigest()[:20]
+    fallback = os.path.join(tempfile.gettempdir(), f"nj-wake-{os.getuid()}", digest)
     return fallback if _fits(fallback) else None
 
 
