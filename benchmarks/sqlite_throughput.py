@@ -18,6 +18,16 @@ applied by analogy, and say so in the table):
    receipt and a short pause before the next: enqueue -> handler start p50 <= 2.5 ms and
    p99 <= 5 ms, enqueue -> ``rt.wait`` receipt p50 <= 10 ms. Reported beside it: the raw floor,
    the same three commits (insert, claim, complete) and a read back with plain sqlite3.
+3. **Cross-process latency.** The same probe, but the queue's 10 workers run in another process
+   (this script, started again as a worker) and the probes are enqueued by an enqueue-only
+   runtime here, as a web process would: enqueue -> handler start p50 <= 10 ms and p99 <= 50 ms,
+   with the wake-up sockets (`nursery_jobs.infra.wake`). Both processes read ``time.monotonic()``
+   (CLOCK_MONOTONIC on Linux: one clock for every process of the host); the worker appends each
+   start to a file, read once the probes are done. Beside it, in the same run: the same probes
+   with wake-ups off in both processes (``SqliteBackend(..., wake=False)``), where only the 1 s
+   poll starts a job (fewer probes: each takes up to two polls), and what a wake-up costs the
+   writer: one `WakeRegistry.send` with 0, 1, 4 and 16 listening processes (sockets bound in the
+   registry, drained between sends), per call.
 
 Files live in a fresh directory under the system temp dir (or ``--dir``), which must be on a
 real disk for the figures to mean anything: with ``synchronous=full`` every commit waits for
@@ -37,8 +47,11 @@ import argparse
 import gc
 import os
 import shutil
+import signal
+import socket
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +61,8 @@ import attrs
 import trio
 
 import nursery_jobs as nj
+from nursery_jobs.backends.sqlite import SqliteBackend
+from nursery_jobs.infra.wake import Wake, WakeRegistry
 
 try:  # imported as `benchmarks.sqlite_throughput`
     from .durable_side import QUEUE, Tally, add_bench_kinds, idle_latency, run_app
@@ -62,6 +77,9 @@ TARGET_THROUGHPUT = 0.5
 TARGET_START_P50 = 0.0025
 TARGET_START_P99 = 0.005
 TARGET_RECEIPT_P50 = 0.010
+TARGET_CROSS_START_P50 = 0.010
+TARGET_CROSS_START_P99 = 0.050
+SEND_LISTENERS = (0, 1, 4, 16)
 _PENDING = "('available', 'scheduled', 'retryable')"
 
 
@@ -73,9 +91,15 @@ class Sizes:
     """k: the baseline's rows per transaction, and the runtime queue's max_workers."""
     probes: int = 200
     probe_workers: int = 10
+    cross_probes: int = 300
+    """Cross-process probes with wake-ups."""
+    poll_probes: int = 60
+    """Cross-process probes with wake-ups off: each waits for up to two 1 s polls."""
+    sends: int = 2000
+    """`WakeRegistry.send` calls timed per listener count."""
 
 
-QUICK = Sizes(jobs=300, rounds=1, batch=100, probes=10)
+QUICK = Sizes(jobs=300, rounds=1, batch=100, probes=10, cross_probes=10, poll_probes=3, sends=100)
 
 
 @attrs.frozen
@@ -91,6 +115,12 @@ class Figures:
     receipt_latency: list[float]
     floor_start: list[float]
     floor_receipt: list[float]
+    cross_start: list[float]
+    cross_receipt: list[float]
+    poll_start: list[float]
+    poll_receipt: list[float]
+    send_cost: dict[int, float]
+    """Listening processes -> seconds per `WakeRegistry.send` (median over `sizes.sends`)."""
 
     @property
     def throughput_ratio(self) -> float:
@@ -102,6 +132,8 @@ class Figures:
             "idle start p50": percentile(self.start_latency, 50) <= TARGET_START_P50,
             "idle start p99": percentile(self.start_latency, 99) <= TARGET_START_P99,
             "idle receipt p50": percentile(self.receipt_latency, 50) <= TARGET_RECEIPT_P50,
+            "cross-process start p50": percentile(self.cross_start, 50) <= TARGET_CROSS_START_P50,
+            "cross-process start p99": percentile(self.cross_start, 99) <= TARGET_CROSS_START_P99,
         }
 
 
@@ -163,6 +195,117 @@ def runtime_latency(path: str, synchronous: str, probes: int, workers: int) -> t
 
     result: tuple[list[float], list[float]] = run_app(main, app, _url(path, synchronous))
     return result
+
+
+# -- across processes ----------------------------------------------------------------------------
+
+
+def cross_worker(path: str, synchronous: str, log_path: str, wake: bool, workers: int) -> int:
+    """The other process: `workers` workers on the bench queue; each probe appends
+    ``"<id> <monotonic>"`` to `log_path` (one `os.write`). Creates ``<log_path>.ready`` once the
+    runtime is open; runs until SIGTERM."""
+    app = nj.App()
+    app.queue(QUEUE, max_workers=workers, timeout=30.0)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    @app.job(queue=QUEUE)
+    async def probe(ctx: nj.JobContext) -> None:
+        os.write(fd, f"{int(ctx.id)} {time.monotonic()!r}\n".encode())
+
+    async def main(rt: nj.Runtime) -> None:
+        open(log_path + ".ready", "w").close()
+        await trio.sleep_forever()
+
+    backend = SqliteBackend(path, synchronous=synchronous.upper(), wake=wake)
+    try:
+        nj.run(main, app=app, backend=backend, grace=0.0)
+    finally:
+        trio.run(backend.close)
+        os.close(fd)
+    return 0
+
+
+def cross_latency(path: str, synchronous: str, probes: int, workers: int, wake: bool) -> tuple[list[float], list[float]]:
+    """(enqueue -> start in the other process, enqueue -> receipt here), `probes` sequential samples."""
+    log_path = path + ".starts"
+    argv = [sys.executable, os.path.abspath(__file__), "--cross-worker", path, log_path, str(workers)]
+    argv += [] if wake else ["--no-wake"]
+    argv += ["--synchronous", synchronous]
+    worker = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(log_path + ".ready"):
+            if worker.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the cross-process worker did not start (exit code {worker.poll()})")
+            time.sleep(0.01)
+        app, _box = build_app(workers)
+        backend = SqliteBackend(path, synchronous=synchronous.upper(), wake=wake)
+
+        async def main(rt: nj.Runtime) -> tuple[list[int], list[float], list[float]]:
+            await trio.sleep(0.1)
+            for _ in range(3):  # warm both sides: not measured
+                await rt.wait(await rt.enqueue("probe"), timeout=5.0)
+            ids: list[int] = []
+            sent: list[float] = []
+            receipts: list[float] = []
+            for _ in range(probes):
+                await trio.sleep(0.005)  # idle again on both sides
+                t0 = time.monotonic()
+                job_id = await rt.enqueue("probe")
+                receipt = await rt.wait(job_id, timeout=5.0)
+                t1 = time.monotonic()
+                if not receipt.done:
+                    raise RuntimeError(f"probe job {job_id} did not finish within 5 s: {receipt}")
+                ids.append(int(job_id))
+                sent.append(t0)
+                receipts.append(t1 - t0)
+            return ids, sent, receipts
+
+        try:
+            ids, sent, receipts = run_app(main, app, backend, queues=[])
+        finally:
+            trio.run(backend.close)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(15)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait(5)
+    with open(log_path) as f:
+        started = {int(i): float(t) for i, t in (line.split() for line in f if line.strip())}
+    return [started[i] - t0 for i, t0 in zip(ids, sent)], receipts
+
+
+def send_cost(workdir: str, listeners: int, sends: int) -> float:
+    """Median seconds per `WakeRegistry.send` of one queue's wake-up to `listeners` processes
+    (sockets bound in the registry and drained between sends, untimed)."""
+    sender = WakeRegistry(os.path.join(workdir, f"cost{listeners}.db"))
+    assert sender.directory is not None, "the work dir's path is too long for a wake-up registry"
+    os.makedirs(sender.directory, exist_ok=True)
+    socks = []
+    try:
+        for i in range(listeners):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            sock.bind(os.path.join(sender.directory, f"{90000 + i}-{i:012x}1.w.sock"))
+            sock.setblocking(False)
+            socks.append(sock)
+        wake = Wake(queues=(QUEUE,))
+        times: list[float] = []
+        for _ in range(sends):
+            t0 = time.perf_counter()
+            delivered = sender.send(wake)
+            times.append(time.perf_counter() - t0)
+            if delivered != listeners:
+                raise RuntimeError(f"a wake-up reached {delivered} of {listeners} listeners")
+            for sock in socks:
+                sock.recv(65536)
+    finally:
+        sender.close()
+        for sock in socks:
+            sock.close()
+        shutil.rmtree(sender.directory, ignore_errors=True)
+    return statistics.median(times)
 
 
 # -- the raw baseline (plain sqlite3, one connection, no Trio) ---------------------------------------
@@ -269,7 +412,7 @@ def measure(workdir: str, sizes: Sizes, synchronous: str, *, log: Callable[[str]
         return path
 
     def cleanup(path: str) -> None:
-        for suffix in ("", "-wal", "-shm"):
+        for suffix in ("", "-wal", "-shm", ".starts", ".starts.ready"):
             if os.path.exists(path + suffix):
                 os.remove(path + suffix)
 
@@ -308,7 +451,19 @@ def measure(workdir: str, sizes: Sizes, synchronous: str, *, log: Callable[[str]
     gc.collect()
     starts, receipts = runtime_latency(path, synchronous, sizes.probes, sizes.probe_workers)
     cleanup(path)
-    return Figures(sizes, synchronous, raws, rts, raw_cpu, rt_cpu, starts, receipts, floor_starts, floor_receipts)
+    cross: dict[bool, tuple[list[float], list[float]]] = {}
+    for wake, probes in ((True, sizes.cross_probes), (False, sizes.poll_probes)):
+        path = fresh()
+        gc.collect()
+        cross[wake] = cross_latency(path, synchronous, probes, sizes.probe_workers, wake)
+        cleanup(path)
+        s = cross[wake][0]
+        log(f"cross-process, wake-ups {'on' if wake else 'off'}: start p50 {percentile(s, 50) * 1e3:.2f} ms, p99 {percentile(s, 99) * 1e3:.2f} ms")
+    costs = {n: send_cost(workdir, n, sizes.sends) for n in SEND_LISTENERS}
+    return Figures(
+        sizes, synchronous, raws, rts, raw_cpu, rt_cpu, starts, receipts, floor_starts, floor_receipts,
+        cross[True][0], cross[True][1], cross[False][0], cross[False][1], costs,
+    )  # fmt: skip
 
 
 def table(f: Figures) -> str:
@@ -326,6 +481,12 @@ def table(f: Figures) -> str:
         ("idle enqueue -> start p99", ms(percentile(f.start_latency, 99)), f"<= {TARGET_START_P99 * 1e3:g} ms", ok["idle start p99"]),
         ("idle enqueue -> receipt p50", ms(percentile(f.receipt_latency, 50)), f"<= {TARGET_RECEIPT_P50 * 1e3:g} ms", ok["idle receipt p50"]),
         ("idle enqueue -> receipt p99", ms(percentile(f.receipt_latency, 99)), "(reported)", ""),
+        (f"cross-process enqueue -> start p50 ({len(f.cross_start)} samples)", ms(percentile(f.cross_start, 50)), f"<= {TARGET_CROSS_START_P50 * 1e3:g} ms", ok["cross-process start p50"]),
+        ("cross-process enqueue -> start p99", ms(percentile(f.cross_start, 99)), f"<= {TARGET_CROSS_START_P99 * 1e3:g} ms", ok["cross-process start p99"]),
+        ("cross-process enqueue -> receipt p50 / p99", f"{ms(percentile(f.cross_receipt, 50))} / {ms(percentile(f.cross_receipt, 99))}", "(reported)", ""),
+        (f"wake-ups off (poll 1 s): start p50 / p99 ({len(f.poll_start)} samples)", f"{ms(percentile(f.poll_start, 50))} / {ms(percentile(f.poll_start, 99))}", "(reported)", ""),
+        ("wake-ups off (poll 1 s): receipt p50 / p99", f"{ms(percentile(f.poll_receipt, 50))} / {ms(percentile(f.poll_receipt, 99))}", "(reported)", ""),
+        ("one wake-up send, to " + " / ".join(map(str, f.send_cost)) + " listening processes", " / ".join(f"{v * 1e6:.1f}" for v in f.send_cost.values()) + " us", "(reported)", ""),
         ("raw floor: insert + claim commits p50 / p99", f"{ms(percentile(f.floor_start, 50))} / {ms(percentile(f.floor_start, 99))}", "(reported)", ""),
         ("raw floor: ... + complete commit + read p50 / p99", f"{ms(percentile(f.floor_receipt, 50))} / {ms(percentile(f.floor_receipt, 99))}", "(reported)", ""),
         ("synchronous (WAL)", f.synchronous, "", ""),
@@ -341,7 +502,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, help=f"alternating rounds (default {Sizes().rounds})")
     parser.add_argument("--synchronous", choices=("full", "normal"), default="full", help="the runtime's default is full")
     parser.add_argument("--dir", help="where to put the database files (default: a new temp dir)")
+    parser.add_argument("--cross-worker", nargs=3, metavar=("PATH", "LOG", "WORKERS"), help=argparse.SUPPRESS)
+    parser.add_argument("--no-wake", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.cross_worker:  # this script, started again as the other process of the cross-process probe
+        path, log_path, workers = args.cross_worker
+        return cross_worker(path, args.synchronous, log_path, not args.no_wake, int(workers))
     sizes = QUICK if args.quick else Sizes()
     overrides = {k: v for k, v in (("jobs", args.jobs), ("rounds", args.rounds)) if v}
     sizes = attrs.evolve(sizes, **overrides)
