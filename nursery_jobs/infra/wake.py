@@ -23,10 +23,11 @@ sender removes it (that is how a SIGKILLed process's file goes away).
 
 Roles. A process that works queues binds a ``w`` socket and hears everything. One that works no
 queue (an enqueue-only web process) binds an ``r`` socket and hears finalizations only: it has no
-fetcher to wake and runs no job to cancel, but its `rt.wait` receipts must arrive at once. So a
-sender costs one ``sendto`` per worker process per write that makes jobs available, and one per
-serving process per write that finalizes jobs (outcomes are written in batches, so that is per
-batch, not per job). Measured on a 2-vCPU VM (benchmarks/RESULTS.md): a send is ~10-20 us for the
+fetcher to wake and runs no job to cancel, but its `rt.wait` receipts must arrive at once. It
+binds whether or not it will ever wait: a runtime cannot know that in advance, and binding later,
+at the first wait, would make that first receipt the slow one. So a sender costs one ``sendto``
+per worker process per write that makes jobs available, and one per serving process per write
+that finalizes jobs (outcomes are written in batches, so that is per batch, not per job). Measured on a 2-vCPU VM (benchmarks/RESULTS.md): a send is ~10-20 us for the
 directory listing and the payload plus ~5-7 us per receiving process, beside a commit of about a
 millisecond.
 
