@@ -18,16 +18,17 @@ applied by analogy, and say so in the table):
    receipt and a short pause before the next: enqueue -> handler start p50 <= 2.5 ms and
    p99 <= 5 ms, enqueue -> ``rt.wait`` receipt p50 <= 10 ms. Reported beside it: the raw floor,
    the same three commits (insert, claim, complete) and a read back with plain sqlite3.
-3. **Cross-process latency.** The same probe, but the queue's 10 workers run in another process
-   (this script, started again as a worker) and the probes are enqueued by an enqueue-only
-   runtime here, as a web process would: enqueue -> handler start p50 <= 10 ms and p99 <= 50 ms,
-   with the wake-up sockets (`nursery_jobs.infra.wake`). Both processes read ``time.monotonic()``
-   (CLOCK_MONOTONIC on Linux: one clock for every process of the host); the worker appends each
-   start to a file, read once the probes are done. Beside it, in the same run: the same probes
-   with wake-ups off in both processes (``SqliteBackend(..., wake=False)``), where only the 1 s
-   poll starts a job (fewer probes: each takes up to two polls), and what a wake-up costs the
-   writer: one `WakeRegistry.send` with 0, 1, 4 and 16 listening processes (sockets bound in the
-   registry, drained between sends), per call.
+3. **Cross-process latency.** The same probe across two processes: the queue's 10 workers run
+   here, and the probes are enqueued by an enqueue-only runtime in another process (this script
+   started again, as a web process would enqueue), which awaits each receipt before the next:
+   enqueue -> handler start p50 <= 10 ms and p99 <= 50 ms, with the wake-up sockets
+   (`nursery_jobs.infra.wake`). Both processes read ``time.monotonic()`` (CLOCK_MONOTONIC on
+   Linux: one clock for every process of the host); the web process writes its enqueue times to
+   a file, read once it has exited. Beside it, in the same run: the same probes with wake-ups
+   off in both processes (``?wake=off``), where only the 1 s poll starts a job (fewer probes:
+   each takes up to two polls), and what a wake-up costs the writer: one `WakeRegistry.send`
+   with 0, 1, 4 and 16 listening processes (sockets bound in the registry, drained between
+   sends), per call.
 
 Files live in a fresh directory under the system temp dir (or ``--dir``), which must be on a
 real disk for the figures to mean anything: with ``synchronous=full`` every commit waits for
@@ -45,9 +46,9 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import shutil
-import signal
 import socket
 import sqlite3
 import statistics
@@ -55,13 +56,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from typing import Callable, Sequence
 
 import attrs
 import trio
 
 import nursery_jobs as nj
-from nursery_jobs.backends.sqlite import SqliteBackend
 from nursery_jobs.infra.wake import Wake, WakeRegistry
 
 try:  # imported as `benchmarks.sqlite_throughput`
@@ -200,81 +201,58 @@ def runtime_latency(path: str, synchronous: str, probes: int, workers: int) -> t
 # -- across processes ----------------------------------------------------------------------------
 
 
-def cross_worker(path: str, synchronous: str, log_path: str, wake: bool, workers: int) -> int:
-    """The other process: `workers` workers on the bench queue; each probe appends
-    ``"<id> <monotonic>"`` to `log_path` (one `os.write`). Creates ``<log_path>.ready`` once the
-    runtime is open; runs until SIGTERM."""
-    app = nj.App()
-    app.queue(QUEUE, max_workers=workers, timeout=30.0)
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+def cross_enqueuer(url: str, out_path: str, probes: int) -> int:
+    """The other process, a web process: an enqueue-only runtime that enqueues `probes` probes one
+    at a time (after 3 unmeasured ones), awaits each receipt, and writes what it saw to
+    `out_path` as JSON: ``[[id, enqueued at (monotonic), seconds to the receipt], ...]``."""
+    app, _box = build_app(1)
 
-    @app.job(queue=QUEUE)
-    async def probe(ctx: nj.JobContext) -> None:
-        os.write(fd, f"{int(ctx.id)} {time.monotonic()!r}\n".encode())
+    async def main(rt: nj.Runtime) -> list[list[float]]:
+        for _ in range(3):  # warm both sides: not measured
+            await rt.wait(await rt.enqueue("probe"), timeout=5.0)
+        out: list[list[float]] = []
+        for _ in range(probes):
+            await trio.sleep(0.005)  # idle again on both sides
+            t0 = time.monotonic()
+            job_id = await rt.enqueue("probe")
+            receipt = await rt.wait(job_id, timeout=5.0)
+            t1 = time.monotonic()
+            if not receipt.done:
+                raise RuntimeError(f"probe job {job_id} did not finish within 5 s: {receipt}")
+            out.append([int(job_id), t0, t1 - t0])
+        return out
 
-    async def main(rt: nj.Runtime) -> None:
-        open(log_path + ".ready", "w").close()
-        await trio.sleep_forever()
-
-    backend = SqliteBackend(path, synchronous=synchronous.upper(), wake=wake)
-    try:
-        nj.run(main, app=app, backend=backend, grace=0.0)
-    finally:
-        trio.run(backend.close)
-        os.close(fd)
+    result = run_app(main, app, url, queues=[])
+    with open(out_path, "w") as f:
+        json.dump(result, f)
     return 0
 
 
 def cross_latency(path: str, synchronous: str, probes: int, workers: int, wake: bool) -> tuple[list[float], list[float]]:
-    """(enqueue -> start in the other process, enqueue -> receipt here), `probes` sequential samples."""
-    log_path = path + ".starts"
-    argv = [sys.executable, os.path.abspath(__file__), "--cross-worker", path, log_path, str(workers)]
-    argv += [] if wake else ["--no-wake"]
-    argv += ["--synchronous", synchronous]
-    worker = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while not os.path.exists(log_path + ".ready"):
-            if worker.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the cross-process worker did not start (exit code {worker.poll()})")
-            time.sleep(0.01)
-        app, _box = build_app(workers)
-        backend = SqliteBackend(path, synchronous=synchronous.upper(), wake=wake)
+    """(enqueue in the web process -> start here, enqueue -> receipt there), `probes` sequential
+    samples. This process runs the workers; the web process is this script started again, run to
+    its end as a blocking call (`nj.run_blocking`) while the workers serve it."""
+    url = _url(path, synchronous) + ("" if wake else "&wake=off")
+    out_path = path + ".probes"
+    app = nj.App()
+    app.queue(QUEUE, max_workers=workers, timeout=30.0)
+    started: dict[int, float] = {}
 
-        async def main(rt: nj.Runtime) -> tuple[list[int], list[float], list[float]]:
-            await trio.sleep(0.1)
-            for _ in range(3):  # warm both sides: not measured
-                await rt.wait(await rt.enqueue("probe"), timeout=5.0)
-            ids: list[int] = []
-            sent: list[float] = []
-            receipts: list[float] = []
-            for _ in range(probes):
-                await trio.sleep(0.005)  # idle again on both sides
-                t0 = time.monotonic()
-                job_id = await rt.enqueue("probe")
-                receipt = await rt.wait(job_id, timeout=5.0)
-                t1 = time.monotonic()
-                if not receipt.done:
-                    raise RuntimeError(f"probe job {job_id} did not finish within 5 s: {receipt}")
-                ids.append(int(job_id))
-                sent.append(t0)
-                receipts.append(t1 - t0)
-            return ids, sent, receipts
+    @app.job(queue=QUEUE)
+    async def probe(ctx: nj.JobContext) -> None:
+        started[int(ctx.id)] = time.monotonic()
 
-        try:
-            ids, sent, receipts = run_app(main, app, backend, queues=[])
-        finally:
-            trio.run(backend.close)
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(15)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait(5)
-    with open(log_path) as f:
-        started = {int(i): float(t) for i, t in (line.split() for line in f if line.strip())}
-    return [started[i] - t0 for i, t0 in zip(ids, sent)], receipts
+    argv = [sys.executable, os.path.abspath(__file__), "--cross-enqueuer", url, out_path, str(probes)]
+
+    async def main(rt: nj.Runtime) -> bool:
+        await trio.sleep(0.1)  # every worker parked, the start-up claim answered
+        await nj.run_blocking(partial(subprocess.run, argv, stdin=subprocess.DEVNULL, check=True, timeout=60 + 3 * probes))
+        return True
+
+    run_app(main, app, url)
+    with open(out_path) as f:
+        seen = json.load(f)
+    return [started[int(i)] - t0 for i, t0, _ in seen], [r for _, _, r in seen]
 
 
 def send_cost(workdir: str, listeners: int, sends: int) -> float:
@@ -412,7 +390,7 @@ def measure(workdir: str, sizes: Sizes, synchronous: str, *, log: Callable[[str]
         return path
 
     def cleanup(path: str) -> None:
-        for suffix in ("", "-wal", "-shm", ".starts", ".starts.ready"):
+        for suffix in ("", "-wal", "-shm", ".probes"):
             if os.path.exists(path + suffix):
                 os.remove(path + suffix)
 
@@ -502,12 +480,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, help=f"alternating rounds (default {Sizes().rounds})")
     parser.add_argument("--synchronous", choices=("full", "normal"), default="full", help="the runtime's default is full")
     parser.add_argument("--dir", help="where to put the database files (default: a new temp dir)")
-    parser.add_argument("--cross-worker", nargs=3, metavar=("PATH", "LOG", "WORKERS"), help=argparse.SUPPRESS)
-    parser.add_argument("--no-wake", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--cross-enqueuer", nargs=3, metavar=("URL", "OUT", "PROBES"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.cross_worker:  # this script, started again as the other process of the cross-process probe
-        path, log_path, workers = args.cross_worker
-        return cross_worker(path, args.synchronous, log_path, not args.no_wake, int(workers))
+    if args.cross_enqueuer:  # this script, started again as the web process of the cross-process probe
+        url, out_path, probes = args.cross_enqueuer
+        return cross_enqueuer(url, out_path, int(probes))
     sizes = QUICK if args.quick else Sizes()
     overrides = {k: v for k, v in (("jobs", args.jobs), ("rounds", args.rounds)) if v}
     sizes = attrs.evolve(sizes, **overrides)

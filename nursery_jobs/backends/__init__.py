@@ -220,7 +220,7 @@ class Backend(Protocol):
 
 
 def open_backend(url: str) -> Backend:
-    """A backend for `url`: ``memory://`` or ``sqlite:///path/jobs.db[?synchronous=full|normal]``.
+    """A backend for `url`: ``memory://`` or ``sqlite:///path/jobs.db[?synchronous=full|normal&wake=on|off]``.
 
     Raises ConfigError for an unsupported or malformed URL.
     """
@@ -238,8 +238,8 @@ def open_backend(url: str) -> Backend:
     if scheme == "sqlite":
         from .sqlite import SqliteBackend, parse_sqlite_url
 
-        path, synchronous = parse_sqlite_url(url)
-        return SqliteBackend(path, synchronous=synchronous)
+        path, synchronous, wake = parse_sqlite_url(url)
+        return SqliteBackend(path, synchronous=synchronous, wake=wake)
     if scheme in ("postgresql", "postgres"):
         from .postgres import PostgresBackend, parse_postgres_url
 

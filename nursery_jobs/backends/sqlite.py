@@ -20,8 +20,8 @@ sockets (`_emit`). A receiver turns it into the hints a PostgreSQL notification 
 `JobsAvailable(queue)`, `JobFinalized(id, None)`, `CancelRequested(id, verified=False)` -- and
 re-reads the database; a process that works no queue hears finalizations only. The poll
 (`poll_interval`, 1 s) stays as the fallback for a datagram lost to a full socket buffer, and for
-processes on other hosts, which SQLite does not support well anyway. ``wake=False`` turns the
-sockets off (poll only).
+processes on other hosts, which SQLite does not support well anyway. ``?wake=off`` (``wake=False``)
+turns the sockets off: poll only.
 
 Clock: Unix time by default; tests pass `clock=trio.current_time` so `MockClock` drives it.
 The property suite also passes `_blocking_io=True`: calls then run on the Trio thread itself,
@@ -125,23 +125,27 @@ _FINAL_STATE = {
 }
 _FINAL = ("completed", "discarded", "cancelled")
 _SYNC_MODES = {"full": "FULL", "normal": "NORMAL"}
+_WAKE_MODES = {"on": True, "off": False}
 
 
-def parse_sqlite_url(url: str) -> tuple[str, str]:
-    """(path, synchronous) from ``sqlite:///path?synchronous=full|normal``."""
+def parse_sqlite_url(url: str) -> tuple[str, str, bool]:
+    """(path, synchronous, wake) from ``sqlite:///path?synchronous=full|normal&wake=on|off``."""
     rest = url[len("sqlite://") :]
     path, _, query = rest.partition("?")
     if not path.startswith("/") or path == "/":
         raise ConfigError(f"SQLite URL {url!r} needs a path: 'sqlite:///jobs.db' or 'sqlite:////abs/jobs.db'")
     path = path[1:]
     params = parse_qs(query, keep_blank_values=True)
-    unknown = set(params) - {"synchronous"}
+    unknown = set(params) - {"synchronous", "wake"}
     if unknown:
-        raise ConfigError(f"unknown SQLite URL option(s) {sorted(unknown)} in {url!r}; known: synchronous")
+        raise ConfigError(f"unknown SQLite URL option(s) {sorted(unknown)} in {url!r}; known: synchronous, wake")
     sync = params.get("synchronous", ["full"])[-1].lower()
     if sync not in _SYNC_MODES:
         raise ConfigError(f"synchronous must be 'full' or 'normal' in {url!r}, not {sync!r}")
-    return path, _SYNC_MODES[sync]
+    wake = params.get("wake", ["on"])[-1].lower()
+    if wake not in _WAKE_MODES:
+        raise ConfigError(f"wake must be 'on' or 'off' in {url!r}, not {wake!r}")
+    return path, _SYNC_MODES[sync], _WAKE_MODES[wake]
 
 
 class SqliteBackend:

@@ -2,15 +2,16 @@
 datagram sockets in a directory beside the file.
 
 SQLite has no LISTEN/NOTIFY. Without help, a worker process learns of a job another process
-enqueued only at its next poll (1 s: measured p50 591 ms, p99 1,001 ms from enqueue to handler
-start, against 3 ms in one process), and a web process waiting on a receipt learns of the job's
-end only at its own next look. So every process that serves the file binds one datagram socket in
-the registry directory, ``<db>.wake/<pid>-<token><n>.<role>.sock``, and a process whose write made
-something happen -- jobs available (an insert, a retry or snooze due now, a rescue, an interrupted
-job given back), jobs final, a cancellation requested -- sends one small datagram to every other
-socket there after its commit. The receiver turns it into the same hints a PostgreSQL
-notification gives, re-reads the database, and never trusts the payload: a datagram only causes a
-claim, a re-read of a job, or a re-read of a cancel flag.
+enqueued only at its next poll (1 s: measured p50 0.64-0.70 s, p99 0.89 s from enqueue to
+handler start, against 1-4 ms in one process; with these wake-ups, 2-5 ms), and a web process
+waiting on a receipt learns of the job's end only at its own next look. So every process that
+serves the file binds one datagram socket in the registry directory,
+``<db>.wake/<pid>-<token><n>.<role>.sock``, and a process whose write made something happen --
+jobs available (an insert, a retry or snooze due now, a rescue, an interrupted job given back),
+jobs final, a cancellation requested -- sends one small datagram to every other socket there
+after its commit. The receiver turns it into the same hints a PostgreSQL notification gives,
+re-reads the database, and never trusts the payload: a datagram only causes a claim, a re-read
+of a job, or a re-read of a cancel flag.
 
 Why sockets, and not the alternatives. A FIFO is a byte stream with one reader: it needs one FIFO
 per receiver anyway (a registry like this one), framing, an open/write/close per message, and EOF
@@ -27,9 +28,10 @@ fetcher to wake and runs no job to cancel, but its `rt.wait` receipts must arriv
 binds whether or not it will ever wait: a runtime cannot know that in advance, and binding later,
 at the first wait, would make that first receipt the slow one. So a sender costs one ``sendto``
 per worker process per write that makes jobs available, and one per serving process per write
-that finalizes jobs (outcomes are written in batches, so that is per batch, not per job). Measured on a 2-vCPU VM (benchmarks/RESULTS.md): a send is ~10-20 us for the
-directory listing and the payload plus ~5-7 us per receiving process, beside a commit of about a
-millisecond.
+that finalizes jobs (outcomes are written in batches, so that is per batch, not per job).
+Measured on a loaded 2-vCPU VM (benchmarks/RESULTS.md, 2026-12-01): a send costs 6-7 us for the
+directory listing when nobody listens, 15-23 us with one receiving process, and 4-9 us per
+further one, beside a commit of 0.2-2 ms.
 
 Costs never block. The sender's socket is non-blocking and the send is synchronous: no
 checkpoint, so a cancelled caller cannot be interrupted between its commit and its wake-up (an
@@ -45,14 +47,14 @@ The token belongs to one backend instance: two instances on one file in one proc
 other, like two processes.
 
 Where the registry lives. Beside the file, from the file's real path (symlinks resolved, as
-SQLite does for its WAL), when the longest socket path fits AF_UNIX's limit (108 bytes on
-Linux, 104 on macOS; 103 is used). Otherwise under the system temp dir, in a private directory
-of this user keyed by a hash of the file's real path,
-``<tmp>/nj-wake-<uid>/<hash>/``: every process computes the same place from the same
-path, so they still find each other -- provided they see the same temp dir (the same ``TMPDIR``,
-no private /tmp) and run as the same user. If that is too long as well, wake-ups are off and the
-poll does the work. Abstract-namespace sockets (Linux) were the other option for long paths; they
-cannot be listed, so a registry of them would need marker files beside the database anyway.
+SQLite does for its WAL), when the longest socket path fits AF_UNIX's limit (108 bytes on Linux,
+104 on macOS; 103 is used). Otherwise under the system temp dir, in a private directory of this
+user keyed by a hash of the file's real path, ``<tmp>/nj-wake-<uid>/<hash>/``: every process
+computes the same place from the same path, so they still find each other -- provided they see
+the same temp dir (the same ``TMPDIR``, no private /tmp) and run as the same user. If that is too
+long as well, wake-ups are off and the poll does the work. Abstract-namespace sockets (Linux)
+were the other option for long paths; they cannot be listed, so a registry of them would need
+marker files beside the database anyway, and anyone on the host could bind their names.
 
 Lifetime. `WakeRegistry.serve` binds at start-up, before it reports started, receives until
 cancelled, and removes its socket file on the way out, cancellation included (and the directory,
