@@ -389,6 +389,24 @@ async def test_blocking_mode_and_wake_off_have_no_sockets(home, kwargs) -> None:
     await backend.close()
 
 
+async def test_the_url_turns_wake_ups_off(home) -> None:
+    other, marker = WakeRegistry(db(home)), WakeRegistry(db(home))
+    backend = nj.open_backend(f"sqlite:///{db(home)}?wake=off")
+    async with serving(other) as inbox:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(backend.serve)
+            assert len(sockets(other)) == 1  # it bound none
+            await backend.insert_many([NewJob("k", "q", "{}", 0, None, 3)])
+            marker.send(MARKER)
+            assert await next_wake(inbox) == MARKER  # and its insert sent nothing
+            nursery.cancel_scope.cancel()
+    await backend.close()
+    for url in (f"sqlite:///{db(home)}", f"sqlite:///{db(home)}?wake=on", f"sqlite:///{db(home)}?wake=OFF"):
+        nj.open_backend(url)
+    with pytest.raises(nj.ConfigError, match="wake must be 'on' or 'off'.*not 'maybe'"):
+        nj.open_backend(f"sqlite:///{db(home)}?wake=maybe")
+
+
 async def test_a_job_enqueued_elsewhere_starts_and_its_receipt_arrives_without_a_poll(home) -> None:
     """Two backend instances on one file, as two processes: the worker's queue and the web
     side's receipts poll every 30 s, so within the 10 s bound only a wake-up can do it."""

@@ -2,8 +2,8 @@
 datagram sockets in a directory beside the file.
 
 SQLite has no LISTEN/NOTIFY. Without help, a worker process learns of a job another process
-enqueued only at its next poll (1 s: measured p50 0.64-0.70 s, p99 0.89 s from enqueue to
-handler start, against 1-4 ms in one process; with these wake-ups, 2-5 ms), and a web process
+enqueued only at its next poll (1 s: measured p50 0.5-0.7 s from enqueue to handler start,
+against 0.6-2 ms in one process; with these wake-ups, 0.9-2.5 ms), and a web process
 waiting on a receipt learns of the job's end only at its own next look. So every process that
 serves the file binds one datagram socket in the registry directory,
 ``<db>.wake/<pid>-<token><n>.<role>.sock``, and a process whose write made something happen --
@@ -29,9 +29,9 @@ binds whether or not it will ever wait: a runtime cannot know that in advance, a
 at the first wait, would make that first receipt the slow one. So a sender costs one ``sendto``
 per worker process per write that makes jobs available, and one per serving process per write
 that finalizes jobs (outcomes are written in batches, so that is per batch, not per job).
-Measured on a loaded 2-vCPU VM (benchmarks/RESULTS.md, 2026-12-01): a send costs 6-7 us for the
-directory listing when nobody listens, 15-23 us with one receiving process, and 4-9 us per
-further one, beside a commit of 0.2-2 ms.
+Measured on a 2-vCPU VM (benchmarks/RESULTS.md, 2026-12-01): a send costs 5.5 us for the
+directory listing when nobody listens, 15.6 us with one receiving process, and 4.4 us per
+further one, beside a commit of 0.15-1 ms.
 
 Costs never block. The sender's socket is non-blocking and the send is synchronous: no
 checkpoint, so a cancelled caller cannot be interrupted between its commit and its wake-up (an
