@@ -18,6 +18,17 @@ applied by analogy, and say so in the table):
    receipt and a short pause before the next: enqueue -> handler start p50 <= 2.5 ms and
    p99 <= 5 ms, enqueue -> ``rt.wait`` receipt p50 <= 10 ms. Reported beside it: the raw floor,
    the same three commits (insert, claim, complete) and a read back with plain sqlite3.
+3. **Cross-process latency.** The same probe across two processes: the queue's 10 workers run
+   here, and the probes are enqueued by an enqueue-only runtime in another process (this script
+   started again, as a web process would enqueue), which awaits each receipt before the next:
+   enqueue -> handler start p50 <= 10 ms and p99 <= 50 ms, with the wake-up sockets
+   (`nursery_jobs.infra.wake`). Both processes read ``time.monotonic()`` (CLOCK_MONOTONIC on
+   Linux: one clock for every process of the host); the web process writes its enqueue times to
+   a file, read once it has exited. Beside it, in the same run: the same probes with wake-ups
+   off in both processes (``?wake=off``), where only the 1 s poll starts a job (fewer probes:
+   each takes up to two polls), and what a wake-up costs the writer: one `WakeRegistry.send`
+   with 0, 1, 4 and 16 listening processes (sockets bound in the registry, drained between
+   sends), per call.
 
 Files live in a fresh directory under the system temp dir (or ``--dir``), which must be on a
 real disk for the figures to mean anything: with ``synchronous=full`` every commit waits for
@@ -35,19 +46,24 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import shutil
+import socket
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from typing import Callable, Sequence
 
 import attrs
 import trio
 
 import nursery_jobs as nj
+from nursery_jobs.infra.wake import Wake, WakeRegistry
 
 try:  # imported as `benchmarks.sqlite_throughput`
     from .durable_side import QUEUE, Tally, add_bench_kinds, idle_latency, run_app
@@ -62,6 +78,9 @@ TARGET_THROUGHPUT = 0.5
 TARGET_START_P50 = 0.0025
 TARGET_START_P99 = 0.005
 TARGET_RECEIPT_P50 = 0.010
+TARGET_CROSS_START_P50 = 0.010
+TARGET_CROSS_START_P99 = 0.050
+SEND_LISTENERS = (0, 1, 4, 16)
 _PENDING = "('available', 'scheduled', 'retryable')"
 
 
@@ -73,9 +92,15 @@ class Sizes:
     """k: the baseline's rows per transaction, and the runtime queue's max_workers."""
     probes: int = 200
     probe_workers: int = 10
+    cross_probes: int = 300
+    """Cross-process probes with wake-ups."""
+    poll_probes: int = 60
+    """Cross-process probes with wake-ups off: each waits for up to two 1 s polls."""
+    sends: int = 2000
+    """`WakeRegistry.send` calls timed per listener count."""
 
 
-QUICK = Sizes(jobs=300, rounds=1, batch=100, probes=10)
+QUICK = Sizes(jobs=300, rounds=1, batch=100, probes=10, cross_probes=10, poll_probes=3, sends=100)
 
 
 @attrs.frozen
@@ -91,6 +116,12 @@ class Figures:
     receipt_latency: list[float]
     floor_start: list[float]
     floor_receipt: list[float]
+    cross_start: list[float]
+    cross_receipt: list[float]
+    poll_start: list[float]
+    poll_receipt: list[float]
+    send_cost: dict[int, float]
+    """Listening processes -> seconds per `WakeRegistry.send` (median over `sizes.sends`)."""
 
     @property
     def throughput_ratio(self) -> float:
@@ -102,6 +133,8 @@ class Figures:
             "idle start p50": percentile(self.start_latency, 50) <= TARGET_START_P50,
             "idle start p99": percentile(self.start_latency, 99) <= TARGET_START_P99,
             "idle receipt p50": percentile(self.receipt_latency, 50) <= TARGET_RECEIPT_P50,
+            "cross-process start p50": percentile(self.cross_start, 50) <= TARGET_CROSS_START_P50,
+            "cross-process start p99": percentile(self.cross_start, 99) <= TARGET_CROSS_START_P99,
         }
 
 
@@ -163,6 +196,94 @@ def runtime_latency(path: str, synchronous: str, probes: int, workers: int) -> t
 
     result: tuple[list[float], list[float]] = run_app(main, app, _url(path, synchronous))
     return result
+
+
+# -- across processes ----------------------------------------------------------------------------
+
+
+def cross_enqueuer(url: str, out_path: str, probes: int) -> int:
+    """The other process, a web process: an enqueue-only runtime that enqueues `probes` probes one
+    at a time (after 3 unmeasured ones), awaits each receipt, and writes what it saw to
+    `out_path` as JSON: ``[[id, enqueued at (monotonic), seconds to the receipt], ...]``."""
+    app, _box = build_app(1)
+
+    async def main(rt: nj.Runtime) -> list[list[float]]:
+        for _ in range(3):  # warm both sides: not measured
+            await rt.wait(await rt.enqueue("probe"), timeout=5.0)
+        out: list[list[float]] = []
+        for _ in range(probes):
+            await trio.sleep(0.005)  # idle again on both sides
+            t0 = time.monotonic()
+            job_id = await rt.enqueue("probe")
+            receipt = await rt.wait(job_id, timeout=5.0)
+            t1 = time.monotonic()
+            if not receipt.done:
+                raise RuntimeError(f"probe job {job_id} did not finish within 5 s: {receipt}")
+            out.append([int(job_id), t0, t1 - t0])
+        return out
+
+    result = run_app(main, app, url, queues=[])
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+def cross_latency(path: str, synchronous: str, probes: int, workers: int, wake: bool) -> tuple[list[float], list[float]]:
+    """(enqueue in the web process -> start here, enqueue -> receipt there), `probes` sequential
+    samples. This process runs the workers; the web process is this script started again, run to
+    its end as a blocking call (`nj.run_blocking`) while the workers serve it."""
+    url = _url(path, synchronous) + ("" if wake else "&wake=off")
+    out_path = path + ".probes"
+    app = nj.App()
+    app.queue(QUEUE, max_workers=workers, timeout=30.0)
+    started: dict[int, float] = {}
+
+    @app.job(queue=QUEUE)
+    async def probe(ctx: nj.JobContext) -> None:
+        started[int(ctx.id)] = time.monotonic()
+
+    argv = [sys.executable, os.path.abspath(__file__), "--cross-enqueuer", url, out_path, str(probes)]
+
+    async def main(rt: nj.Runtime) -> bool:
+        await trio.sleep(0.1)  # every worker parked, the start-up claim answered
+        await nj.run_blocking(partial(subprocess.run, argv, stdin=subprocess.DEVNULL, check=True, timeout=60 + 3 * probes))
+        return True
+
+    run_app(main, app, url)
+    with open(out_path) as f:
+        seen = json.load(f)
+    return [started[int(i)] - t0 for i, t0, _ in seen], [r for _, _, r in seen]
+
+
+def send_cost(workdir: str, listeners: int, sends: int) -> float:
+    """Median seconds per `WakeRegistry.send` of one queue's wake-up to `listeners` processes
+    (sockets bound in the registry and drained between sends, untimed)."""
+    sender = WakeRegistry(os.path.join(workdir, f"cost{listeners}.db"))
+    assert sender.directory is not None, "the work dir's path is too long for a wake-up registry"
+    os.makedirs(sender.directory, exist_ok=True)
+    socks = []
+    try:
+        for i in range(listeners):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            sock.bind(os.path.join(sender.directory, f"{90000 + i}-{i:012x}1.w.sock"))
+            sock.setblocking(False)
+            socks.append(sock)
+        wake = Wake(queues=(QUEUE,))
+        times: list[float] = []
+        for _ in range(sends):
+            t0 = time.perf_counter()
+            delivered = sender.send(wake)
+            times.append(time.perf_counter() - t0)
+            if delivered != listeners:
+                raise RuntimeError(f"a wake-up reached {delivered} of {listeners} listeners")
+            for sock in socks:
+                sock.recv(65536)
+    finally:
+        sender.close()
+        for sock in socks:
+            sock.close()
+        shutil.rmtree(sender.directory, ignore_errors=True)
+    return statistics.median(times)
 
 
 # -- the raw baseline (plain sqlite3, one connection, no Trio) ---------------------------------------
@@ -269,7 +390,7 @@ def measure(workdir: str, sizes: Sizes, synchronous: str, *, log: Callable[[str]
         return path
 
     def cleanup(path: str) -> None:
-        for suffix in ("", "-wal", "-shm"):
+        for suffix in ("", "-wal", "-shm", ".probes"):
             if os.path.exists(path + suffix):
                 os.remove(path + suffix)
 
@@ -308,7 +429,19 @@ def measure(workdir: str, sizes: Sizes, synchronous: str, *, log: Callable[[str]
     gc.collect()
     starts, receipts = runtime_latency(path, synchronous, sizes.probes, sizes.probe_workers)
     cleanup(path)
-    return Figures(sizes, synchronous, raws, rts, raw_cpu, rt_cpu, starts, receipts, floor_starts, floor_receipts)
+    cross: dict[bool, tuple[list[float], list[float]]] = {}
+    for wake, probes in ((True, sizes.cross_probes), (False, sizes.poll_probes)):
+        path = fresh()
+        gc.collect()
+        cross[wake] = cross_latency(path, synchronous, probes, sizes.probe_workers, wake)
+        cleanup(path)
+        s = cross[wake][0]
+        log(f"cross-process, wake-ups {'on' if wake else 'off'}: start p50 {percentile(s, 50) * 1e3:.2f} ms, p99 {percentile(s, 99) * 1e3:.2f} ms")
+    costs = {n: send_cost(workdir, n, sizes.sends) for n in SEND_LISTENERS}
+    return Figures(
+        sizes, synchronous, raws, rts, raw_cpu, rt_cpu, starts, receipts, floor_starts, floor_receipts,
+        cross[True][0], cross[True][1], cross[False][0], cross[False][1], costs,
+    )  # fmt: skip
 
 
 def table(f: Figures) -> str:
@@ -326,6 +459,12 @@ def table(f: Figures) -> str:
         ("idle enqueue -> start p99", ms(percentile(f.start_latency, 99)), f"<= {TARGET_START_P99 * 1e3:g} ms", ok["idle start p99"]),
         ("idle enqueue -> receipt p50", ms(percentile(f.receipt_latency, 50)), f"<= {TARGET_RECEIPT_P50 * 1e3:g} ms", ok["idle receipt p50"]),
         ("idle enqueue -> receipt p99", ms(percentile(f.receipt_latency, 99)), "(reported)", ""),
+        (f"cross-process enqueue -> start p50 ({len(f.cross_start)} samples)", ms(percentile(f.cross_start, 50)), f"<= {TARGET_CROSS_START_P50 * 1e3:g} ms", ok["cross-process start p50"]),
+        ("cross-process enqueue -> start p99", ms(percentile(f.cross_start, 99)), f"<= {TARGET_CROSS_START_P99 * 1e3:g} ms", ok["cross-process start p99"]),
+        ("cross-process enqueue -> receipt p50 / p99", f"{ms(percentile(f.cross_receipt, 50))} / {ms(percentile(f.cross_receipt, 99))}", "(reported)", ""),
+        (f"wake-ups off (poll 1 s): start p50 / p99 ({len(f.poll_start)} samples)", f"{ms(percentile(f.poll_start, 50))} / {ms(percentile(f.poll_start, 99))}", "(reported)", ""),
+        ("wake-ups off (poll 1 s): receipt p50 / p99", f"{ms(percentile(f.poll_receipt, 50))} / {ms(percentile(f.poll_receipt, 99))}", "(reported)", ""),
+        ("one wake-up send, to " + " / ".join(map(str, f.send_cost)) + " listening processes", " / ".join(f"{v * 1e6:.1f}" for v in f.send_cost.values()) + " us", "(reported)", ""),
         ("raw floor: insert + claim commits p50 / p99", f"{ms(percentile(f.floor_start, 50))} / {ms(percentile(f.floor_start, 99))}", "(reported)", ""),
         ("raw floor: ... + complete commit + read p50 / p99", f"{ms(percentile(f.floor_receipt, 50))} / {ms(percentile(f.floor_receipt, 99))}", "(reported)", ""),
         ("synchronous (WAL)", f.synchronous, "", ""),
@@ -341,7 +480,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, help=f"alternating rounds (default {Sizes().rounds})")
     parser.add_argument("--synchronous", choices=("full", "normal"), default="full", help="the runtime's default is full")
     parser.add_argument("--dir", help="where to put the database files (default: a new temp dir)")
+    parser.add_argument("--cross-enqueuer", nargs=3, metavar=("URL", "OUT", "PROBES"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.cross_enqueuer:  # this script, started again as the web process of the cross-process probe
+        url, out_path, probes = args.cross_enqueuer
+        return cross_enqueuer(url, out_path, int(probes))
     sizes = QUICK if args.quick else Sizes()
     overrides = {k: v for k, v in (("jobs", args.jobs), ("rounds", args.rounds)) if v}
     sizes = attrs.evolve(sizes, **overrides)

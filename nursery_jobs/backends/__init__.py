@@ -221,7 +221,7 @@ class Backend(Protocol):
 
 
 def open_backend(url: str) -> Backend:
-    """A backend for `url`: ``memory://``, ``sqlite:///path/jobs.db[?synchronous=full|normal]``
+    """A backend for `url`: ``memory://``, ``sqlite:///path/jobs.db[?synchronous=full|normal&wake=on|off]``
     or ``postgresql://user@host/db[?schema=...]``.
 
     Raises ConfigError for an unsupported or malformed URL (its password redacted).
@@ -240,8 +240,8 @@ def open_backend(url: str) -> Backend:
     if scheme == "sqlite":
         from .sqlite import SqliteBackend, parse_sqlite_url
 
-        path, synchronous = parse_sqlite_url(url)
-        return SqliteBackend(path, synchronous=synchronous)
+        path, synchronous, wake = parse_sqlite_url(url)
+        return SqliteBackend(path, synchronous=synchronous, wake=wake)
     if scheme in ("postgresql", "postgres"):
         from .postgres import PostgresBackend, parse_postgres_url
 

@@ -12,9 +12,21 @@ infra's `run_sync_io` under this backend's own limiter, one call at a time on th
 connection (serialised by a `trio.Lock`), and is never abandoned. A call is short: SQLite's
 `busy_timeout` bounds how long it waits for another process's write lock.
 
+Wake-ups. In one process every event is delivered in-process, at once. Between the processes of
+one host that share the file, `infra.wake` carries them: each process's `serve` binds a datagram
+socket in a registry directory beside the file, and after each commit that made jobs available,
+finalized jobs or requested a cancellation, the backend sends a datagram to the other processes'
+sockets (`_emit`). A receiver turns it into the hints a PostgreSQL notification gives --
+`JobsAvailable(queue)`, `JobFinalized(id, None)`, `CancelRequested(id, verified=False)` -- and
+re-reads the database; a process that works no queue hears finalizations only. The poll
+(`poll_interval`, 1 s) stays as the fallback for a datagram lost to a full socket buffer, and for
+processes on other hosts, which SQLite does not support well anyway. ``?wake=off`` (``wake=False``)
+turns the sockets off: poll only.
+
 Clock: Unix time by default; tests pass `clock=trio.current_time` so `MockClock` drives it.
 The property suite also passes `_blocking_io=True`: calls then run on the Trio thread itself,
-which a service must never do but which lets MockClock's autojump see a database call as work.
+which a service must never do but which lets MockClock's autojump see a database call as work;
+that mode has no wake-up sockets (the suite runs in one process).
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ import trio
 from .._faults import NO_FAULTS, Faults
 from ..errors import BackendUnavailable, ConfigError, JobNotFound
 from ..infra.threads import run_sync_io
+from ..infra.wake import Wake, WakeRegistry
 from ..jobs import MAX_ERRORS_KEPT, Job, JobState
 from . import (
     BackendEvent,
@@ -112,23 +125,27 @@ _FINAL_STATE = {
 }
 _FINAL = ("completed", "discarded", "cancelled")
 _SYNC_MODES = {"full": "FULL", "normal": "NORMAL"}
+_WAKE_MODES = {"on": True, "off": False}
 
 
-def parse_sqlite_url(url: str) -> tuple[str, str]:
-    """(path, synchronous) from ``sqlite:///path?synchronous=full|normal``."""
+def parse_sqlite_url(url: str) -> tuple[str, str, bool]:
+    """(path, synchronous, wake) from ``sqlite:///path?synchronous=full|normal&wake=on|off``."""
     rest = url[len("sqlite://") :]
     path, _, query = rest.partition("?")
     if not path.startswith("/") or path == "/":
         raise ConfigError(f"SQLite URL {url!r} needs a path: 'sqlite:///jobs.db' or 'sqlite:////abs/jobs.db'")
     path = path[1:]
     params = parse_qs(query, keep_blank_values=True)
-    unknown = set(params) - {"synchronous"}
+    unknown = set(params) - {"synchronous", "wake"}
     if unknown:
-        raise ConfigError(f"unknown SQLite URL option(s) {sorted(unknown)} in {url!r}; known: synchronous")
+        raise ConfigError(f"unknown SQLite URL option(s) {sorted(unknown)} in {url!r}; known: synchronous, wake")
     sync = params.get("synchronous", ["full"])[-1].lower()
     if sync not in _SYNC_MODES:
         raise ConfigError(f"synchronous must be 'full' or 'normal' in {url!r}, not {sync!r}")
-    return path, _SYNC_MODES[sync]
+    wake = params.get("wake", ["on"])[-1].lower()
+    if wake not in _WAKE_MODES:
+        raise ConfigError(f"wake must be 'on' or 'off' in {url!r}, not {wake!r}")
+    return path, _SYNC_MODES[sync], _WAKE_MODES[wake]
 
 
 class SqliteBackend:
@@ -146,6 +163,7 @@ class SqliteBackend:
         busy_timeout: float = 10.0,
         outage_timeout: float = 30.0,
         faults: Faults = NO_FAULTS,
+        wake: bool = True,
         _blocking_io: bool = False,
     ) -> None:
         self.path = path
@@ -160,6 +178,9 @@ class SqliteBackend:
         self._limiter = trio.CapacityLimiter(1)
         self._blocking_io = _blocking_io
         self._listeners: list[Listener] = []
+        self._wake = WakeRegistry(path) if wake and not _blocking_io else None
+        self._workers: int | None = None
+        """The most queue workers a runtime on this backend has (`check_budget`); None: unknown."""
 
     def __repr__(self) -> str:
         return f"<SqliteBackend {self.path!r}>"
@@ -174,9 +195,28 @@ class SqliteBackend:
         self._listeners.remove(listener)
 
     def _emit(self, events: Sequence[BackendEvent]) -> None:
+        """Deliver the events of this instance's own write, here and to the other processes."""
+        self._deliver(events)
+        if self._wake is not None and events:
+            self._wake.send(
+                Wake(
+                    tuple(e.queue for e in events if type(e) is JobsAvailable),
+                    tuple(e.job_id for e in events if type(e) is JobFinalized),
+                    tuple(e.job_id for e in events if type(e) is CancelRequested),
+                )
+            )
+
+    def _deliver(self, events: Sequence[BackendEvent]) -> None:
         for event in events:
             for listener in tuple(self._listeners):
                 listener(event)
+
+    def _on_wake(self, wake: Wake) -> None:
+        """Another process's datagram: hints only, each one leads to a re-read of the database."""
+        events: list[BackendEvent] = [JobsAvailable(q) for q in wake.queues]
+        events += [JobFinalized(i, None) for i in wake.finalized]
+        events += [CancelRequested(i, False) for i in wake.cancel]
+        self._deliver(events)
 
     # -- connection --
 
@@ -225,13 +265,19 @@ class SqliteBackend:
         return conn
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()  # every wake-up is delivered in-process; nothing to run
-        await trio.sleep_forever()
+        if self._wake is None:
+            task_status.started()  # every wake-up is delivered in-process; nothing to run
+            await trio.sleep_forever()
+        # A process with no queue workers (a web process that only enqueues and waits) has no
+        # fetcher to wake and no job to cancel: it hears finalizations only.
+        await self._wake.serve(self._on_wake, works=self._workers != 0, task_status=task_status)
 
     def check_budget(self, workers: int) -> None:
-        return None
+        self._workers = workers if self._workers is None else max(self._workers, workers)
 
     async def close(self) -> None:
+        if self._wake is not None:
+            self._wake.close()
         conn, self._conn = self._conn, None
         if conn is not None:
             async with self._lock:

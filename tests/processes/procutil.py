@@ -51,7 +51,8 @@ class Store:
 
 
 def poll_opts(store: Store) -> tuple[str, ...]:
-    """SQLite has no cross-process wake-ups (the enqueuer is another process): poll quickly."""
+    """SQLite's wake-ups between processes are hints that a full socket queue may drop: poll
+    quickly, so that a test never waits a whole second for a dropped one."""
     return ("--poll-interval", "0.1") if store.kind == "sqlite" else ()
 
 

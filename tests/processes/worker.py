@@ -2,6 +2,7 @@
 
     python worker.py work --backend URL --log-dir DIR [--drain 1.0] [--cap-sleep 0] ...
     python worker.py enqueue --backend URL --count 5000 [--sleep 0.01] [--raw KIND ARGS_JSON]...
+    python worker.py enqueue-wait --backend URL --count 5 [--poll-interval 30] [--wait-timeout 10]
 
 `work` runs `nj.run` on the given backend with one queue ("procs") and one job kind ("record").
 Every execution of a `record` job appends JSON lines to ``DIR/exec-<pid>.jsonl``:
@@ -22,6 +23,12 @@ one line, ``worker: <ErrorType>: <message>``, and exits 2, as a service would do
 (`insert_many` with `NewJob`), bypassing the runtime's validation: that is how the tests store
 rows a runtime would refuse (an unregistered kind, args that are not a JSON object). It prints
 one line ``IDS <json list>`` with the ids in order (count first, then raw rows).
+
+`enqueue-wait` is a web process: an enqueue-only runtime that enqueues one job at a time and
+awaits its receipt (``rt.wait``, at most ``--wait-timeout`` s) before the next, its queue polling
+every ``--poll-interval`` s, and stops at the first receipt that is not done. It prints
+``RECEIPTS <json list>`` of ``[id, done, state, seconds]`` (seconds from enqueue to receipt, for
+the reader: tests do not judge speed).
 """
 
 from __future__ import annotations
@@ -163,6 +170,27 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_enqueue_wait(args: argparse.Namespace) -> int:
+    app = make_app(poll_interval=args.poll_interval)
+
+    async def main(rt: nj.Runtime) -> list[list[object]]:
+        out: list[list[object]] = []
+        for n in range(args.count):
+            t0 = time.monotonic()
+            job_id = await rt.enqueue(KIND, {"n": n})
+            receipt = await rt.wait(job_id, timeout=args.wait_timeout)
+            out.append([int(job_id), receipt.done, receipt.state.value, round(time.monotonic() - t0, 4)])
+            if not receipt.done:
+                break  # a web request would give up here too
+        return out
+
+    receipts = nj.run(main, app=app, backend=args.backend, queues=[], grace=1.0, settings=_settings(args))
+    if receipts is None:
+        return 1
+    print("RECEIPTS " + json.dumps(receipts), flush=True)
+    return 0
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -195,6 +223,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     enqueue.add_argument("--sleep", type=float, default=0.0, help="each job's sleep argument")
     enqueue.add_argument("--raw", nargs=2, action="append", metavar=("KIND", "ARGS_JSON"), default=[])
     enqueue.set_defaults(fn=cmd_enqueue)
+
+    waiter = sub.add_parser("enqueue-wait", help="enqueue jobs one at a time and await each receipt")
+    common(waiter)
+    waiter.add_argument("--count", type=int, default=1)
+    waiter.add_argument("--poll-interval", type=float, default=None, help="the queue's fallback poll period")
+    waiter.add_argument("--wait-timeout", type=float, default=10.0)
+    waiter.set_defaults(fn=cmd_enqueue_wait)
     return parser.parse_args(argv)
 
 
