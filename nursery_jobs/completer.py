@@ -10,8 +10,8 @@ that cannot be configured).
 
 Backpressure. An outcome not yet written is a job still `running` in the database, so the
 completer tells each queue when its outcomes are written (`push(outcome, owner)`, then
-`owner.outcomes_written(n)`), and a queue stops claiming while more than its `max_workers` of
-its outcomes wait to be written (`QueueExecutor`). A slow write can then never grow the number
+`owner.outcomes_written(n)`), and a queue stops claiming while more than `max(max_workers, 32)`
+of its outcomes wait to be written (`QueueExecutor.outcome_slack`). A slow write can then never grow the number
 of running rows, and with it the cost of the next write: on an analyzed table at 32 workers,
 finished-but-unwritten jobs once held no worker slot, the fetcher kept claiming, and each batch
 came slower and larger until shutdown could not flush it. A batch is also capped at

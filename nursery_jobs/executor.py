@@ -76,6 +76,13 @@ def _process_exit(exc: BaseException) -> BaseException | None:
     return None
 
 
+OUTCOME_SLACK = 32
+"""Outcomes a queue may have waiting for the completer before it stops claiming: at least its
+`max_workers`, and at least this many, so that a queue of a few workers still claims its next
+job while the last outcomes are written (they are then written together, one commit for
+several). Running rows in the backend stay below `max_workers` + this slack."""
+
+
 class Attempt:
     """A running attempt: its scope and, once someone cancels it, why."""
 
@@ -121,7 +128,8 @@ class QueueExecutor:
         self.started = 0
         self.unwritten = 0
         """Outcomes of this queue pushed to the completer and not written yet: jobs that are
-        still `running` in the backend. Past `max_workers` of them, claims stop (`_room`)."""
+        still `running` in the backend. Past `outcome_slack` of them, claims stop (`_room`)."""
+        self.outcome_slack = max(self.max_workers, OUTCOME_SLACK)
 
     # -- notifications (synchronous, called from backend events and workers) --
 
@@ -140,9 +148,9 @@ class QueueExecutor:
 
     def _room(self) -> int:
         """How many jobs a claim may take now: one per idle worker, less what the completer
-        owes past `max_workers` (a slow write must never let running rows pile up)."""
+        owes past `outcome_slack` (a slow write must never let running rows pile up)."""
         room = len(self._idle)
-        over = self.unwritten - self.max_workers
+        over = self.unwritten - self.outcome_slack
         return room - over if over > 0 else room
 
     def stop_claiming(self) -> None:
