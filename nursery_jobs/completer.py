@@ -74,6 +74,11 @@ class Completer:
     def pending(self) -> int:
         return len(self._pending)
 
+    def unwritten(self) -> list[tuple[int, int]]:
+        """(job id, attempt) of every outcome not written yet (pending or being written): rows
+        still `running` in the backend, which the heartbeats keep renewing."""
+        return [(o.job_id, o.attempt) for o in (*self._writing, *self._pending)]
+
     def push(self, outcome: Outcome, owner: OutcomeOwner | None = None) -> None:
         self._pending.append(outcome)
         self._owners.append(owner)

@@ -39,6 +39,7 @@ import trio
 
 from ._context import current_job_id, current_worker_box
 from .backends import ClaimedJob, ClaimResult, Outcome, OutcomeKind
+from .backends.transitions import on_failure
 from .config import QueueConfig
 from .errors import ArgsError
 from .infra.owner import TaskOwner, open_children
@@ -413,7 +414,7 @@ class QueueExecutor:
             self._fail(job, kind, clean_text(describe_exception(error)), format_traceback(error))
 
     def _fail(self, job: ClaimedJob, kind: Any, message: str, tb: str | None, delay: float | None = None) -> None:
-        if job.attempt >= job.max_attempts:
+        if on_failure(attempt=job.attempt, max_attempts=job.max_attempts) is OutcomeKind.DISCARD:
             self._finish(job, OutcomeKind.DISCARD, error=message, tb=tb)
             return
         if delay is None:

@@ -180,7 +180,10 @@ class Runtime:
         last_ok = trio.current_time()
         while True:
             await trio.sleep(s.heartbeat_interval)
-            running = [(a.job.id, a.job.attempt) for a in self.attempts.values()]
+            # An attempt that ended but whose outcome the completer has not written yet is still
+            # `running` in the backend: renew it too, or another process would rescue and run
+            # again a job that is done.
+            running = [(a.job.id, a.job.attempt) for a in self.attempts.values()] + self.completer.unwritten()
             if not running:
                 last_ok = trio.current_time()
                 continue

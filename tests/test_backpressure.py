@@ -82,3 +82,28 @@ async def test_an_outcome_batch_is_capped(autojump_clock: trio.testing.MockClock
         ids = await rt.enqueue_many("noop", [{}] * workers)
         assert (await rt.wait(ids[-1], timeout=600)).done
     assert max(backend.batches) == MAX_BATCH and sum(backend.batches) == workers
+
+
+async def test_an_outcome_waiting_to_be_written_keeps_its_row_from_being_rescued(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Until its outcome is written, a finished job is `running` in the backend: the process
+    keeps heartbeating it, so another process does not rescue and run again a job that is done."""
+    backend = SlowWrites(delay=20.0)  # far past rescue_after
+    settings = nj.RuntimeSettings(heartbeat_interval=1.0, rescue_after=5.0, rescue_interval=1.0)
+    ran: list[int] = []
+    app = nj.App()
+    app.queue("q", max_workers=2, timeout=None)
+
+    @app.job(queue="q")
+    async def once(ctx: nj.JobContext) -> None:
+        ran.append(ctx.id)
+
+    async with nj.open_runtime(app, backend=backend, settings=settings) as rt:
+        # another process sharing the backend, doing only upkeep (rescue)
+        async with nj.open_runtime(app, backend=backend, settings=settings, queues=[]):
+            job_id = await rt.enqueue("once", {})
+            receipt = await rt.wait(job_id, timeout=60)
+            job = await rt.get_job(job_id)
+    assert receipt.state is nj.JobState.COMPLETED
+    assert ran == [job_id] and job.attempt == 1 and job.errors == ()

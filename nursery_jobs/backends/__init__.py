@@ -22,7 +22,6 @@ Vocabulary:
 
 from __future__ import annotations
 
-import enum
 from typing import Callable, Mapping, NamedTuple, Protocol, Sequence, Union, runtime_checkable
 
 import attrs
@@ -30,6 +29,7 @@ import trio
 
 from .._redact import redact
 from ..errors import ConfigError
+from .transitions import OutcomeKind
 from ..jobs import Job, JobError, JobState
 
 __all__ = [
@@ -82,16 +82,6 @@ class ClaimResult:
     jobs: list[ClaimedJob]
     next_due: float | None
     """The earliest `run_at` of a job of this queue that is not due yet, if the backend knows it."""
-
-
-class OutcomeKind(enum.Enum):
-    COMPLETED = "completed"
-    RETRY = "retry"
-    SNOOZE = "snooze"
-    DISCARD = "discard"
-    CANCELLED = "cancelled"
-    INTERRUPTED = "interrupted"
-    """Shutdown cut the attempt: the attempt is given back and the job becomes available."""
 
 
 class Outcome(NamedTuple):  # a tuple: built once per job on the hot path, 3x cheaper than attrs

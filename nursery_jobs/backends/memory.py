@@ -28,6 +28,7 @@ from .._faults import NO_FAULTS, Faults
 from ..errors import ConfigError, JobNotFound
 from ..jobs import MAX_ERRORS_KEPT, Job, JobError, JobState, decode_args
 from .rows import rescue_message
+from .transitions import CancelAction, after_outcome, after_rescue, on_cancel
 from . import (
     BackendEvent,
     CancelRequested,
@@ -45,6 +46,7 @@ from . import (
 )
 
 _tuple_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
+_COMPLETED = OutcomeKind.COMPLETED
 _A, _S, _R, _RT = JobState.AVAILABLE, JobState.SCHEDULED, JobState.RUNNING, JobState.RETRYABLE
 _COUNTED = (_A, _S, _R, _RT, JobState.COMPLETED, JobState.DISCARDED, JobState.CANCELLED)
 
@@ -259,52 +261,38 @@ class MemoryBackend:
             if row is None or row.state is not _R or row.attempt != out.attempt:
                 continue  # stale: the job moved on without this worker
             q = self._q(row.queue)
-            kind = out.kind
-            if kind is OutcomeKind.COMPLETED:  # the common case, with nothing else to record
+            if out.kind is _COMPLETED and out.error is None:  # the common case: nothing else to decide
                 events.append(self._finalize(row, q, JobState.COMPLETED, now))
                 continue
+            nxt = after_outcome(
+                out.kind, cancel_requested=row.cancel_requested, has_error=out.error is not None, run_at=out.run_at, now=now
+            )
             if out.error is not None:
                 row.errors = [*(row.errors or ()), out.error][-MAX_ERRORS_KEPT:]
-                if kind is OutcomeKind.RETRY or kind is OutcomeKind.DISCARD:
-                    q.failed += 1
-                    row.failed += 1
-            if row.cancel_requested and kind in (OutcomeKind.RETRY, OutcomeKind.SNOOZE, OutcomeKind.INTERRUPTED):
-                kind = OutcomeKind.CANCELLED
-            if kind is OutcomeKind.COMPLETED:
-                events.append(self._finalize(row, q, JobState.COMPLETED, now))
-            elif kind is OutcomeKind.DISCARD:
-                events.append(self._finalize(row, q, JobState.DISCARDED, now))
-            elif kind is OutcomeKind.CANCELLED:
-                events.append(self._finalize(row, q, JobState.CANCELLED, now))
-            else:
-                if kind is OutcomeKind.INTERRUPTED:
-                    row.attempt -= 1
-                    q.interrupted += 1
-                    row.interrupted += 1
-                    run_at = now
-                elif kind is OutcomeKind.SNOOZE:
-                    row.attempt -= 1
-                    run_at = now if out.run_at is None else max(out.run_at, now)
-                else:
-                    run_at = now if out.run_at is None else max(out.run_at, now)
-                row.run_at = run_at
-                if run_at <= now:
-                    self._move(row, q, _A)
-                    events.append(JobsAvailable(row.queue))
-                else:
-                    self._move(row, q, _RT if kind is OutcomeKind.RETRY else _S)
-                    events.append(JobsAvailable(row.queue, run_at))
-                self._push(row, q)
+            row.failed += nxt.failed
+            q.failed += nxt.failed
+            row.interrupted += nxt.interrupted
+            q.interrupted += nxt.interrupted
+            row.attempt += nxt.attempt_delta
+            if nxt.state.final:
+                events.append(self._finalize(row, q, nxt.state, now))
+                continue
+            assert nxt.run_at is not None
+            row.run_at = nxt.run_at
+            self._move(row, q, nxt.state)
+            self._push(row, q)
+            events.append(JobsAvailable(row.queue) if nxt.state is _A else JobsAvailable(row.queue, nxt.run_at))
         self._emit_all(events)
 
     async def cancel(self, job_id: int) -> JobState:
         row = self._row(job_id)
-        if row.state.final:
+        action = on_cancel(row.state)
+        if action is CancelAction.NONE:
             if self._faults.late_cancel_overwrites and row.state is not JobState.CANCELLED:
                 self._move(row, self._q(row.queue), JobState.CANCELLED)
             return row.state
         q = self._q(row.queue)
-        if row.state is _R:
+        if action is CancelAction.REQUEST:
             if not row.cancel_requested:
                 row.cancel_requested = True
                 self._emit(CancelRequested(job_id))
@@ -334,18 +322,20 @@ class MemoryBackend:
             if row.heartbeat_at >= stale_before:
                 continue
             q = self._q(row.queue)
-            q.failed += 1
-            row.failed += 1
             message = rescue_message(row.heartbeat_at)
             row.errors = [*(row.errors or ()), JobError(row.attempt, now, message)][-MAX_ERRORS_KEPT:]
             rescued.append(job_id)
-            if row.cancel_requested:
-                events.append(self._finalize(row, q, JobState.CANCELLED, now))
-            elif row.attempt >= row.max_attempts:
-                events.append(self._finalize(row, q, JobState.DISCARDED, now))
+            nxt = after_rescue(
+                attempt=row.attempt, max_attempts=row.max_attempts, cancel_requested=row.cancel_requested, now=now
+            )
+            q.failed += nxt.failed
+            row.failed += nxt.failed
+            if nxt.state.final:
+                events.append(self._finalize(row, q, nxt.state, now))
             else:
-                row.run_at = now
-                self._move(row, q, _A)
+                assert nxt.run_at is not None
+                row.run_at = nxt.run_at
+                self._move(row, q, nxt.state)
                 self._push(row, q)
                 events.append(JobsAvailable(row.queue))
         for event in events:

@@ -92,6 +92,7 @@ from . import (
     QueueCounts,
 )
 from .rows import counts_from_rows, job_from_row
+from .transitions import sql_case
 
 log = logging.getLogger("nursery_jobs")
 
@@ -772,14 +773,15 @@ class PostgresBackend:
         row = await self._run(lambda c: _one(c, q, params))
         if row is None:
             raise JobNotFound(f"no job with id {job_id} in {self.url}")
-        before, after, message, _notified = row
+        before, after, message, _notified, changed = row
         state = JobState(after)
         if JobState(before).final:
             if self._faults.late_cancel_overwrites and before != "cancelled":
                 await self._run(lambda c: _exec(c, self._q["force_cancel"], (job_id,)))
             return JobState(before)
         if state is JobState.RUNNING:
-            self._emit([CancelRequested(job_id)])
+            if changed:
+                self._emit([CancelRequested(job_id)])
         else:
             self._emit([JobFinalized(job_id, JobState.CANCELLED, message)])
         return state
@@ -797,10 +799,10 @@ class PostgresBackend:
         # one retry, not a failed beat.
         # Not durable: a heartbeat lost in a server crash is one missed beat.
         rows = await self._run(lambda c: _all(c, q, params), durable=False)
-        alive = {r[0]: r[1] for r in rows}
+        alive = {(r[0], r[1]): r[2] for r in rows}
         return HeartbeatResult(
-            [(job_id, attempt) for job_id, attempt in running if job_id not in alive],
-            [job_id for job_id, cancel in alive.items() if cancel],
+            [pair for pair in running if pair not in alive],
+            [job_id for (job_id, _), cancel in alive.items() if cancel],
         )
 
     async def rescue(self, stale_before: float) -> list[int]:
@@ -964,7 +966,6 @@ came due, oldest first (see the claim statement)."""
 _KEEP_ERRORS = f"'$[last-{MAX_ERRORS_KEPT - 1} to last]'"
 """The jsonpath that keeps the last `MAX_ERRORS_KEPT` entries of a job's error list."""
 
-_K = "(CASE WHEN o.kind IN ('retry', 'snooze', 'interrupted') AND j.cancel_requested THEN 'cancelled' ELSE o.kind END)"
 
 _QUERIES: dict[str, sql.SQL] = {
     "insert_many": sql.SQL(
@@ -1043,28 +1044,23 @@ _QUERIES: dict[str, sql.SQL] = {
     ),
     # Driven by the primary key from the outcome list: the only index whose predicate the
     # WHERE implies is jobs_pkey (migration 0004), so no plan can loop the outcomes against the
-    # running rows. `_K` is the outcome as the job ends it: a retry, snooze or interruption of a
-    # job whose cancellation was requested ends it as cancelled.
+    # running rows. The new values come from the job rules (`transitions.sql_case`): the same
+    # table the other backends apply row by row.
     "finish": sql.SQL(
         "WITH upd AS ("
         "WITH o AS (SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(kinds)s::text[],"
         "  %(run_ats)s::float8[], %(errors)s::jsonb[]) AS t(id, attempt, kind, run_at, error))"
         " UPDATE {s}.jobs j SET"
-        "  state = CASE " + _K + " WHEN 'completed' THEN 'completed' WHEN 'discard' THEN 'discarded'"
-        "   WHEN 'cancelled' THEN 'cancelled'"
-        "   ELSE CASE WHEN o.kind = 'interrupted' OR o.run_at <= %(now)s THEN 'available'"
-        "    WHEN o.kind = 'retry' THEN 'retryable' ELSE 'scheduled' END END,"
-        "  attempt = j.attempt - CASE WHEN " + _K + " IN ('snooze', 'interrupted') THEN 1 ELSE 0 END,"
-        "  run_at = CASE WHEN " + _K + " IN ('retry', 'snooze') THEN o.run_at"
-        "   WHEN " + _K + " = 'interrupted' THEN %(now)s ELSE j.run_at END,"
-        "  finalized_at = CASE WHEN " + _K + " IN ('completed', 'discard', 'cancelled') THEN %(now)s END,"
+        "  state = " + sql_case("state") + ","
+        "  attempt = j.attempt - " + sql_case("give_back") + ","
+        "  run_at = " + sql_case("run_at") + ","
+        "  finalized_at = CASE WHEN " + sql_case("final") + " THEN %(now)s END,"
         "  errors = CASE WHEN o.error IS NULL THEN j.errors"
         "   ELSE jsonb_path_query_array(coalesce(j.errors, '[]'::jsonb) || jsonb_build_array(o.error), "
         + _KEEP_ERRORS
         + ") END,"
-        "  failed_attempts = j.failed_attempts"
-        "   + CASE WHEN o.error IS NOT NULL AND o.kind IN ('retry', 'discard') THEN 1 ELSE 0 END,"
-        "  interrupted = j.interrupted + CASE WHEN " + _K + " = 'interrupted' THEN 1 ELSE 0 END,"
+        "  failed_attempts = j.failed_attempts + " + sql_case("failed") + ","
+        "  interrupted = j.interrupted + " + sql_case("interrupted") + ","
         "  heartbeat_at = NULL"
         " FROM o WHERE j.id = o.id AND j.state = 'running' AND j.attempt = o.attempt"
         " RETURNING j.id, j.queue, j.state, j.run_at, j.errors -> -1 ->> 'message' AS message),"
@@ -1082,18 +1078,21 @@ _QUERIES: dict[str, sql.SQL] = {
         " WHERE (SELECT n FROM ready) >= 0 AND (SELECT n FROM done) >= 0"
     ),
     "cancel": sql.SQL(
-        "WITH cur AS (SELECT id, state FROM {s}.jobs WHERE id = %(id)s FOR UPDATE),"
+        # on_cancel (transitions): a final job is left alone, a running one gets its request
+        # (once: a second cancel changes nothing and tells nobody), a pending one ends now.
+        "WITH cur AS (SELECT id, state, cancel_requested FROM {s}.jobs WHERE id = %(id)s FOR UPDATE),"
         " upd AS (UPDATE {s}.jobs j SET"
         "  state = CASE WHEN cur.state = 'running' THEN 'running' ELSE 'cancelled' END,"
         "  cancel_requested = CASE WHEN cur.state = 'running' THEN true ELSE j.cancel_requested END,"
         "  finalized_at = CASE WHEN cur.state = 'running' THEN NULL ELSE %(now)s END"
         "  FROM cur WHERE j.id = cur.id AND cur.state NOT IN ('completed', 'discarded', 'cancelled')"
+        "   AND NOT (cur.state = 'running' AND cur.cancel_requested)"
         "  RETURNING j.id, j.state, j.errors -> -1 ->> 'message' AS message),"
         # the wake-up rides in the same statement: one round trip, so a cancel either happened
         # with its NOTIFY or not at all (cancel-atomic)
         " n AS (SELECT pg_notify(%(channel)s, CASE WHEN upd.state = 'running' THEN 'c:' ELSE 'f:' END || upd.id)"
         "  FROM upd)"
-        " SELECT cur.state, coalesce(upd.state, cur.state), upd.message, (SELECT count(*) FROM n)"
+        " SELECT cur.state, coalesce(upd.state, cur.state), upd.message, (SELECT count(*) FROM n), upd.id IS NOT NULL"
         " FROM cur LEFT JOIN upd ON upd.id = cur.id"
     ),
     "force_cancel": sql.SQL("UPDATE {s}.jobs SET state = 'cancelled' WHERE id = %s"),
@@ -1101,7 +1100,7 @@ _QUERIES: dict[str, sql.SQL] = {
         "UPDATE {s}.jobs j SET heartbeat_at = %s"
         " FROM unnest(%s::bigint[], %s::int[]) AS r(id, attempt)"
         " WHERE j.id = r.id AND j.state = 'running' AND j.attempt = r.attempt"
-        " RETURNING j.id, j.cancel_requested"
+        " RETURNING j.id, j.attempt, j.cancel_requested"
     ),
     "rescue": sql.SQL(
         # A running row with no heartbeat (written by hand) is stale too, or it would run never.
@@ -1111,7 +1110,7 @@ _QUERIES: dict[str, sql.SQL] = {
         " UPDATE {s}.jobs j SET"
         "  state = CASE WHEN j.cancel_requested THEN 'cancelled'"
         "   WHEN j.attempt >= j.max_attempts THEN 'discarded' ELSE 'available' END,"
-        "  run_at = %(now)s,"
+        "  run_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN j.run_at ELSE %(now)s END,"
         "  finalized_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN %(now)s END,"
         "  errors = jsonb_path_query_array(coalesce(j.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object("
         "   'attempt', j.attempt, 'at', %(now)s, 'traceback', NULL, 'message',"

@@ -57,9 +57,9 @@ from . import (
     Listener,
     NewJob,
     Outcome,
-    OutcomeKind,
     QueueCounts,
 )
+from .transitions import CancelAction, after_outcome, after_rescue, on_cancel
 from .rows import (
     SET_ASIDE_COLUMNS,
     STATES,
@@ -118,11 +118,6 @@ CREATE UNIQUE INDEX IF NOT EXISTS nj_jobs_unique ON nj_jobs (unique_key)
 _PENDING = "('available', 'scheduled', 'retryable')"
 _IDS_PER_STATEMENT = 500
 """Ids per `IN (...)` list: under SQLite's oldest variable limit (999)."""
-_FINAL_STATE = {
-    OutcomeKind.COMPLETED: JobState.COMPLETED,
-    OutcomeKind.DISCARD: JobState.DISCARDED,
-    OutcomeKind.CANCELLED: JobState.CANCELLED,
-}
 _FINAL = ("completed", "discarded", "cancelled")
 _SYNC_MODES = {"full": "FULL", "normal": "NORMAL"}
 _WAKE_MODES = {"on": True, "off": False}
@@ -501,33 +496,28 @@ class SqliteBackend:
                 if state != "running" or attempt != out.attempt:
                     continue  # stale: the job moved on without this worker
                 current[out.job_id] = (queue, "done", attempt, cancel_requested, errors_json)  # once per batch
-                kind = out.kind
                 errors, _ = read_errors(errors_json)
-                failed = 0
                 if out.error is not None:
                     e = out.error
-                    errors.append({"attempt": e.attempt, "at": e.at, "message": e.message, "traceback": e.traceback})
+                    errors.append(error_entry(e.attempt, e.at, e.message, e.traceback))
                     del errors[:-MAX_ERRORS_KEPT]
-                    failed = 1 if kind in (OutcomeKind.RETRY, OutcomeKind.DISCARD) else 0
-                if cancel_requested and kind in (OutcomeKind.RETRY, OutcomeKind.SNOOZE, OutcomeKind.INTERRUPTED):
-                    kind = OutcomeKind.CANCELLED
+                nxt = after_outcome(
+                    out.kind,
+                    cancel_requested=bool(cancel_requested),
+                    has_error=out.error is not None,
+                    run_at=out.run_at,
+                    now=now,
+                )
                 errors_text = json.dumps(errors) if errors else None
-                if kind in (OutcomeKind.COMPLETED, OutcomeKind.DISCARD, OutcomeKind.CANCELLED):
-                    final = _FINAL_STATE[kind]
-                    finals.append((final.value, now, errors_text, failed, out.job_id))
-                    events.append(JobFinalized(out.job_id, final, errors[-1]["message"] if errors else None))
+                if nxt.state.final:
+                    finals.append((nxt.state.value, now, errors_text, nxt.failed, out.job_id))
+                    events.append(JobFinalized(out.job_id, nxt.state, errors[-1]["message"] if errors else None))
                     continue
-                give_back = 1 if kind in (OutcomeKind.INTERRUPTED, OutcomeKind.SNOOZE) else 0
-                run_at = now if kind is OutcomeKind.INTERRUPTED or out.run_at is None else max(out.run_at, now)
-                if run_at <= now:
-                    new_state = "available"
-                elif kind is OutcomeKind.RETRY:
-                    new_state = "retryable"
-                else:
-                    new_state = "scheduled"
-                interrupted = 1 if kind is OutcomeKind.INTERRUPTED else 0
-                again.append((new_state, give_back, run_at, errors_text, failed, interrupted, out.job_id))
-                events.append(JobsAvailable(queue, None if run_at <= now else run_at))
+                assert nxt.run_at is not None
+                again.append(
+                    (nxt.state.value, -nxt.attempt_delta, nxt.run_at, errors_text, nxt.failed, nxt.interrupted, out.job_id)
+                )
+                events.append(JobsAvailable(queue, None if nxt.state is JobState.AVAILABLE else nxt.run_at))
             if finals:
                 conn.executemany(
                     "UPDATE nj_jobs SET state = ?, finalized_at = ?, errors = ?, failed_attempts = failed_attempts + ?,"
@@ -556,11 +546,12 @@ class SqliteBackend:
             state = STATES.get(row[0]) if isinstance(row[0], str) else None
             if state is None:
                 return JobState.DISCARDED, [self._set_aside(conn, job_id, [Damage("state", row[0], "a job state")], now)]
-            if state.final:
+            action = on_cancel(state)
+            if action is CancelAction.NONE:
                 if self._faults.late_cancel_overwrites and state is not JobState.CANCELLED:
                     conn.execute("UPDATE nj_jobs SET state = 'cancelled' WHERE id = ?", (job_id,))
                 return state, []
-            if state is JobState.RUNNING:
+            if action is CancelAction.REQUEST:
                 cur = conn.execute("UPDATE nj_jobs SET cancel_requested = 1 WHERE id = ? AND cancel_requested = 0", (job_id,))
                 return state, [CancelRequested(job_id)] if cur.rowcount else []
             conn.execute("UPDATE nj_jobs SET state = 'cancelled', finalized_at = ? WHERE id = ?", (now, job_id))
@@ -624,19 +615,21 @@ class SqliteBackend:
                 errors, _ = read_errors(errors_json)
                 errors.append(error_entry(attempt, now, message))
                 del errors[:-MAX_ERRORS_KEPT]
-                if cancel_requested or attempt >= max_attempts:
-                    state = JobState.CANCELLED if cancel_requested else JobState.DISCARDED
+                nxt = after_rescue(
+                    attempt=attempt, max_attempts=max_attempts, cancel_requested=bool(cancel_requested), now=now
+                )
+                if nxt.state.final:
                     conn.execute(
-                        "UPDATE nj_jobs SET state = ?, finalized_at = ?, errors = ?, failed_attempts = failed_attempts + 1,"
+                        "UPDATE nj_jobs SET state = ?, finalized_at = ?, errors = ?, failed_attempts = failed_attempts + ?,"
                         " heartbeat_at = NULL WHERE id = ?",
-                        (state.value, now, json.dumps(errors), job_id),
+                        (nxt.state.value, now, json.dumps(errors), nxt.failed, job_id),
                     )
-                    events.append(JobFinalized(job_id, state, message))
+                    events.append(JobFinalized(job_id, nxt.state, message))
                 else:
                     conn.execute(
-                        "UPDATE nj_jobs SET state = 'available', run_at = ?, errors = ?,"
-                        " failed_attempts = failed_attempts + 1, heartbeat_at = NULL WHERE id = ?",
-                        (now, json.dumps(errors), job_id),
+                        "UPDATE nj_jobs SET state = ?, run_at = ?, errors = ?,"
+                        " failed_attempts = failed_attempts + ?, heartbeat_at = NULL WHERE id = ?",
+                        (nxt.state.value, nxt.run_at, json.dumps(errors), nxt.failed, job_id),
                     )
                     events.append(JobsAvailable(queue))
             return [r[0] for r in rows], events

@@ -1,0 +1,216 @@
+"""The job rules: every change a job's row makes, decided in one place, with no I/O.
+
+A job's life is a handful of transitions: a claim makes it `running` and counts an attempt; an
+outcome ends the attempt (completed, retried, snoozed, discarded, cancelled, or interrupted by a
+shutdown); the rescuer ends the attempt of a worker that stopped heartbeating; a cancel ends a
+pending job or asks a running one to stop. Each backend stores these changes in its own way (a
+dict, an `UPDATE ... RETURNING`), but *what* the change is -- the next state, whether the
+attempt is given back, what counts as a failure, when a pending cancel request wins -- is
+decided here, once:
+
+- `after_outcome` turns an attempt's outcome into the row's next values. A retry, snooze or
+  interruption of a job whose cancellation was requested while it ran ends it `cancelled`
+  instead (the request must not be lost because the attempt happened to end another way); a
+  snooze and an interruption give the attempt back; an outcome with an error on a retry or a
+  discard counts a failed attempt.
+- `after_rescue` does the same for an attempt whose worker was lost: the attempt counts as
+  failed (the worker may have done part of the work), a job with no attempt left is discarded,
+  a job whose cancellation was requested ends cancelled.
+- `on_cancel` says what `cancel` does in each state.
+
+The memory and SQLite backends call these functions per row. PostgreSQL writes a whole batch in
+one statement, so its SQL is *generated* from `OUTCOME_TABLE` (`sql_case`), and the contract
+suite checks every backend against the same functions for every (outcome, starting row)
+combination (`tests/contract/`).
+
+Every value here is a plain tuple or enum: a transition is computed per job on the hot path.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+from ..jobs import JobState
+
+__all__ = [
+    "CANCEL_WINS",
+    "CancelAction",
+    "Next",
+    "OUTCOME_TABLE",
+    "OutcomeKind",
+    "Rule",
+    "after_outcome",
+    "after_rescue",
+    "on_cancel",
+    "on_failure",
+]
+
+
+class OutcomeKind(enum.Enum):
+    """How an attempt ended, as the executor saw it."""
+
+    COMPLETED = "completed"
+    RETRY = "retry"
+    SNOOZE = "snooze"
+    DISCARD = "discard"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+    """Shutdown cut the attempt: the attempt is given back and the job becomes available."""
+
+
+class Rule(NamedTuple):
+    """What one outcome does to a running row (see `OUTCOME_TABLE`)."""
+
+    due: JobState
+    """The next state when the job may run again now (or for good, if final)."""
+    later: JobState
+    """The next state when it runs again later (its `run_at` is in the future)."""
+    give_back: bool
+    """The attempt does not count: `attempt` goes back down by one."""
+    run_at: str
+    """"outcome" (the outcome's own time, never before now), "now", or "keep"."""
+    counts_failure: bool
+    """With an error, this attempt counts towards `failed_attempts`."""
+    interrupted: bool
+    """Counts towards `interrupted`."""
+
+    @property
+    def final(self) -> bool:
+        return self.due.final
+
+
+_A, _S, _RT = JobState.AVAILABLE, JobState.SCHEDULED, JobState.RETRYABLE
+_DONE, _DISC, _CANC = JobState.COMPLETED, JobState.DISCARDED, JobState.CANCELLED
+
+OUTCOME_TABLE: dict[OutcomeKind, Rule] = {
+    OutcomeKind.COMPLETED: Rule(_DONE, _DONE, False, "keep", False, False),
+    OutcomeKind.RETRY: Rule(_A, _RT, False, "outcome", True, False),
+    OutcomeKind.SNOOZE: Rule(_A, _S, True, "outcome", False, False),
+    OutcomeKind.DISCARD: Rule(_DISC, _DISC, False, "keep", True, False),
+    OutcomeKind.CANCELLED: Rule(_CANC, _CANC, False, "keep", False, False),
+    OutcomeKind.INTERRUPTED: Rule(_A, _A, True, "now", False, True),
+}
+"""Outcome -> what it does to the row, when no cancellation was requested."""
+
+CANCEL_WINS = frozenset({OutcomeKind.RETRY, OutcomeKind.SNOOZE, OutcomeKind.INTERRUPTED})
+"""Outcomes that would run the job again: a requested cancellation ends it instead."""
+
+
+class Next(NamedTuple):
+    """A row's values after a transition (only what changes)."""
+
+    state: JobState
+    attempt_delta: int
+    """0, or -1 when the attempt is given back."""
+    run_at: float | None
+    """The new `run_at`, or None to keep it."""
+    failed: int
+    """Added to `failed_attempts` (0 or 1)."""
+    interrupted: int
+    """Added to `interrupted` (0 or 1)."""
+
+    @property
+    def final(self) -> bool:
+        return self.state.final
+
+
+def effective_kind(kind: OutcomeKind, cancel_requested: bool) -> OutcomeKind:
+    """The outcome as the job ends it: a pending cancel request turns one that would run the
+    job again into a cancellation."""
+    return OutcomeKind.CANCELLED if cancel_requested and kind in CANCEL_WINS else kind
+
+
+def after_outcome(
+    kind: OutcomeKind, *, cancel_requested: bool, has_error: bool, run_at: float | None, now: float
+) -> Next:
+    """The running row's next values when its attempt ends with `kind`.
+
+    `run_at` is the outcome's own time for a retry or a snooze (None: now); it is never before
+    `now`. `has_error`: the outcome carries an error (it is appended to the job's errors by the
+    backend, which keeps the latest `MAX_ERRORS_KEPT`)."""
+    rule = OUTCOME_TABLE[effective_kind(kind, cancel_requested)]
+    failed = 1 if has_error and OUTCOME_TABLE[kind].counts_failure else 0
+    if rule.run_at == "keep":
+        return Next(rule.due, -1 if rule.give_back else 0, None, failed, 1 if rule.interrupted else 0)
+    if rule.run_at == "now" or run_at is None or run_at <= now:
+        when = now
+    else:
+        when = run_at
+    state = rule.due if when <= now else rule.later
+    return Next(state, -1 if rule.give_back else 0, when, failed, 1 if rule.interrupted else 0)
+
+
+def on_failure(*, attempt: int, max_attempts: int) -> OutcomeKind:
+    """A failed attempt (an error, a timeout): retried while attempts are left, else discarded."""
+    return OutcomeKind.DISCARD if attempt >= max_attempts else OutcomeKind.RETRY
+
+
+def after_rescue(*, attempt: int, max_attempts: int, cancel_requested: bool, now: float) -> Next:
+    """A running row whose worker stopped heartbeating: the attempt counts as failed (the
+    worker may have done part of the work), then the failure rule applies."""
+    if cancel_requested:
+        return Next(_CANC, 0, None, 1, 0)
+    if on_failure(attempt=attempt, max_attempts=max_attempts) is OutcomeKind.DISCARD:
+        return Next(_DISC, 0, None, 1, 0)
+    return Next(_A, 0, now, 1, 0)
+
+
+class CancelAction(enum.Enum):
+    NONE = "none"
+    """Final already: left alone (`cancel` returns its state)."""
+    REQUEST = "request"
+    """Running: the request is recorded; the attempt is cancelled wherever it runs."""
+    CANCEL = "cancel"
+    """Pending: cancelled now, it never starts."""
+
+
+def on_cancel(state: JobState) -> CancelAction:
+    if state.final:
+        return CancelAction.NONE
+    if state is JobState.RUNNING:
+        return CancelAction.REQUEST
+    return CancelAction.CANCEL
+
+
+def sql_case(column: str, *, kind: str = "o.kind", cancel: str = "j.cancel_requested") -> str:
+    """A SQL expression for `column` of the row after an outcome, generated from
+    `OUTCOME_TABLE`, for the backends that write a batch in one statement. `column` is one of
+    "state", "give_back", "run_at", "failed", "interrupted", "final"; the expression reads the
+    outcome's kind, run_at ("o.run_at") and error ("o.error") and the row's cancel flag, and the
+    statement's ``%(now)s``."""
+    branches = []
+    for k in OutcomeKind:
+        for requested in (False, True):
+            eff = effective_kind(k, requested)
+            rule = OUTCOME_TABLE[eff]
+            if column == "state":
+                if rule.due is rule.later:
+                    value = f"'{rule.due.value}'"
+                elif rule.run_at == "now":
+                    value = f"'{rule.due.value}'"
+                else:
+                    value = f"CASE WHEN o.run_at <= %(now)s THEN '{rule.due.value}' ELSE '{rule.later.value}' END"
+            elif column == "give_back":
+                value = "1" if rule.give_back else "0"
+            elif column == "run_at":
+                value = {"keep": "j.run_at", "now": "%(now)s", "outcome": "o.run_at"}[rule.run_at]
+            elif column == "failed":
+                value = "CASE WHEN o.error IS NOT NULL THEN 1 ELSE 0 END" if OUTCOME_TABLE[k].counts_failure else "0"
+            elif column == "interrupted":
+                value = "1" if rule.interrupted else "0"
+            elif column == "final":
+                value = "true" if rule.final else "false"
+            else:
+                raise ValueError(f"no rule for column {column!r}")
+            condition = f"{kind} = '{k.value}' AND {'' if requested else 'NOT '}{cancel}"
+            branches.append((condition, value))
+    # Collapse: when both branches of a kind agree, the cancel flag does not matter for it.
+    out: list[str] = []
+    for k in OutcomeKind:
+        (c_no, v_no), (c_yes, v_yes) = [b for b in branches if b[0].startswith(f"{kind} = '{k.value}'")]
+        if v_no == v_yes:
+            out.append(f"WHEN {kind} = '{k.value}' THEN {v_no}")
+        else:
+            out.append(f"WHEN {c_no} THEN {v_no} WHEN {c_yes} THEN {v_yes}")
+    return "CASE " + " ".join(out) + " END"

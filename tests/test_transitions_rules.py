@@ -1,0 +1,86 @@
+"""The job rules as the docs state them, written out by hand.
+
+The contract suite checks every backend against `transitions`; this file checks `transitions`
+against the rules a user reads in docs/concepts.md and docs/guarantees.md, so a changed rule is
+a failing test here, not a silently changed expectation everywhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from nursery_jobs import JobState
+from nursery_jobs.backends.transitions import (
+    CancelAction,
+    Next,
+    OutcomeKind,
+    after_outcome,
+    after_rescue,
+    on_cancel,
+    sql_case,
+)
+
+NOW = 100.0
+
+
+def outcome(kind: OutcomeKind, *, cancel: bool = False, error: bool = False, run_at: float | None = None) -> Next:
+    return after_outcome(kind, cancel_requested=cancel, has_error=error, run_at=run_at, now=NOW)
+
+
+def test_completed_discarded_and_cancelled_are_final_and_keep_the_attempt():
+    assert outcome(OutcomeKind.COMPLETED) == Next(JobState.COMPLETED, 0, None, 0, 0)
+    assert outcome(OutcomeKind.DISCARD, error=True) == Next(JobState.DISCARDED, 0, None, 1, 0)
+    assert outcome(OutcomeKind.CANCELLED) == Next(JobState.CANCELLED, 0, None, 0, 0)
+
+
+def test_a_retry_counts_a_failure_and_waits_for_its_backoff():
+    assert outcome(OutcomeKind.RETRY, error=True, run_at=NOW + 10) == Next(JobState.RETRYABLE, 0, NOW + 10, 1, 0)
+    assert outcome(OutcomeKind.RETRY, error=True, run_at=NOW) == Next(JobState.AVAILABLE, 0, NOW, 1, 0)
+    assert outcome(OutcomeKind.RETRY, error=True, run_at=NOW - 5) == Next(JobState.AVAILABLE, 0, NOW, 1, 0)  # never in the past
+
+
+def test_a_snooze_gives_the_attempt_back_and_is_no_failure():
+    assert outcome(OutcomeKind.SNOOZE, run_at=NOW + 2) == Next(JobState.SCHEDULED, -1, NOW + 2, 0, 0)
+    assert outcome(OutcomeKind.SNOOZE, run_at=NOW) == Next(JobState.AVAILABLE, -1, NOW, 0, 0)
+
+
+def test_an_interruption_gives_the_attempt_back_and_the_job_is_available_at_once():
+    assert outcome(OutcomeKind.INTERRUPTED) == Next(JobState.AVAILABLE, -1, NOW, 0, 1)
+
+
+@pytest.mark.parametrize("kind", [OutcomeKind.RETRY, OutcomeKind.SNOOZE, OutcomeKind.INTERRUPTED])
+def test_a_requested_cancel_wins_over_any_outcome_that_would_run_the_job_again(kind):
+    got = outcome(kind, cancel=True, error=kind is OutcomeKind.RETRY, run_at=NOW + 10)
+    assert got.state is JobState.CANCELLED and got.attempt_delta == 0 and got.interrupted == 0
+    assert got.failed == (1 if kind is OutcomeKind.RETRY else 0)  # the failed attempt still counts
+
+
+@pytest.mark.parametrize("kind", [OutcomeKind.COMPLETED, OutcomeKind.DISCARD])
+def test_an_attempt_that_ends_the_job_anyway_keeps_its_own_outcome(kind):
+    assert outcome(kind, cancel=True).state is outcome(kind).state
+
+
+def test_a_rescued_attempt_counts_as_failed():
+    assert after_rescue(attempt=1, max_attempts=3, cancel_requested=False, now=NOW) == Next(JobState.AVAILABLE, 0, NOW, 1, 0)
+    assert after_rescue(attempt=3, max_attempts=3, cancel_requested=False, now=NOW) == Next(JobState.DISCARDED, 0, None, 1, 0)
+    assert after_rescue(attempt=1, max_attempts=3, cancel_requested=True, now=NOW) == Next(JobState.CANCELLED, 0, None, 1, 0)
+
+
+def test_cancel_per_state():
+    assert {s: on_cancel(s) for s in JobState} == {
+        JobState.AVAILABLE: CancelAction.CANCEL,
+        JobState.SCHEDULED: CancelAction.CANCEL,
+        JobState.RETRYABLE: CancelAction.CANCEL,
+        JobState.RUNNING: CancelAction.REQUEST,
+        JobState.COMPLETED: CancelAction.NONE,
+        JobState.DISCARDED: CancelAction.NONE,
+        JobState.CANCELLED: CancelAction.NONE,
+    }
+
+
+def test_the_generated_sql_covers_every_outcome():
+    for column in ("state", "give_back", "run_at", "failed", "interrupted", "final"):
+        text = sql_case(column)
+        assert all(f"o.kind = '{k.value}'" in text for k in OutcomeKind), column
+    with pytest.raises(ValueError):
+        sql_case("priority")
