@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _migrate(url: str, schema: str | None) -> int:
-    from ._redact import redact
+    from .infra.redact import redact
     from .backends.postgres import migrate, parse_postgres_url
     from .infra.pg import psycopg
 

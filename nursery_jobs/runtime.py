@@ -50,6 +50,7 @@ from .executor import Attempt, QueueExecutor
 from .infra.owner import TaskOwner, open_owner
 from .infra.runner import run_trio, watch_shutdown_signals
 from .infra.sync import Wakeup
+from .infra.threads import ThreadBudget, current_budget
 from .infra.watchdog import watch_blocked_loop
 from .jobs import Job, JobId, JobState, Receipt, _ExistingJobId, check_job_id, encode_args
 
@@ -101,8 +102,8 @@ class Runtime:
         self.receipts = Receipts(self, settings.max_waiters)
         self.executors = {name: QueueExecutor(self, app.queues[name]) for name in queues}
         self.attempts: dict[int, Attempt] = {}
-        self.thread_limiter = trio.CapacityLimiter(settings.thread_limit)
-        self.threads_in_flight = 0
+        self.threads = ThreadBudget(settings.thread_limit)
+        """`run_blocking`'s threads in this runtime (its limiter and the calls in flight)."""
         self.closing = False
         self.interrupted: list[int] = []
         """Ids of the attempts the last shutdown interrupted (available again, attempt given back)."""
@@ -423,7 +424,7 @@ class Runtime:
 
             row = await call_asyncio(execute)
         else:
-            row = await run_sync_io(lambda: conn.execute(query, params).fetchone(), limiter=self.thread_limiter)
+            row = await run_sync_io(lambda: conn.execute(query, params).fetchone(), limiter=self.threads.limiter)
         if row is None:
             raise ConfigError(
                 f"unique_key {new.unique_key!r} is held by a pending job; enqueue_tx does not look it up "
@@ -645,6 +646,7 @@ async def open_runtime(
     be.check_budget(sum(app.queues[q].max_workers for q in names))
     rt = Runtime(app, be, settings, names, _faults)
     token = current_runtime.set(rt)
+    budget_token = current_budget.set(rt.threads)
     close_by: float | None = None
     try:
         await be.open()  # idempotent: a caller's instance may be open already
@@ -680,6 +682,7 @@ async def open_runtime(
                 with trio.CancelScope(shield=True), trio.move_on_at(close_by or trio.current_time() + settings.flush_bound):
                     await be.close()
     finally:
+        current_budget.reset(budget_token)
         current_runtime.reset(token)
     if rt._exit is not None:
         raise rt._exit  # a handler's sys.exit(): everything else is written, now exit

@@ -1,8 +1,5 @@
 from __future__ import annotations
 
-# Before anything imports psycopg: trio_asyncio must patch asyncio first (see nursery_jobs.infra.aio).
-import nursery_jobs.infra.aio  # noqa: F401, I001
-
 import os
 import signal
 

@@ -5,7 +5,6 @@ cleanup ran. Real time, kept short: the asyncio side sleeps on the asyncio loop.
 
 from __future__ import annotations
 
-import nursery_jobs.infra.aio  # noqa: F401, I001  (trio_asyncio before anything imports psycopg)
 
 import asyncio
 

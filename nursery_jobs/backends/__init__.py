@@ -27,7 +27,7 @@ from typing import Callable, Mapping, NamedTuple, Protocol, Sequence, Union, run
 import attrs
 import trio
 
-from .._redact import redact
+from ..infra.redact import redact
 from ..errors import ConfigError
 from .transitions import OutcomeKind
 from ..jobs import Job, JobError, JobState

@@ -39,7 +39,7 @@ Many processes on many hosts share one database. The design, call by call:
   the rest reaches libpq as written, so every form libpq accepts (sockets, several hosts, its
   options) means the same here. The conninfo is kept only to connect; everything shown names
   the database by `url`, which has no password, and every message made from libpq's text goes
-  through `_redact.redact` first.
+  through `infra.redact.redact` first.
 - **Failures are classified by SQLSTATE**, not by psycopg's exception class (`_failure_kind`):
   psycopg files statement errors such as 54 (program limit exceeded) under the same class as a
   dropped connection, and only a dropped connection may be retried as one.
@@ -71,7 +71,7 @@ from ..infra.pg import (  # psycopg only through infra: import order
     psycopg,
     sql,
 )
-from .._redact import REDACTED, redact, redact_exception
+from ..infra.redact import REDACTED, redact, redact_exception
 from .._faults import NO_FAULTS, Faults
 from ..config import check_timeout
 from ..errors import BackendError, BackendUnavailable, ConfigError, JobNotFound

@@ -6,42 +6,41 @@ kind), so a service that never touches asyncio never pays for it. An asyncio han
 shutdown cancels the asyncio task, and the attempt ends only once that task has finished, so no
 asyncio task outlives its Trio caller.
 
-Import order matters: psycopg binds `asyncio.get_running_loop` when it is imported, and
-trio-asyncio patches it when *it* is imported. If psycopg came first, every async psycopg call
-under trio-asyncio fails with "no running event loop". This module imports trio_asyncio, and
-`infra.pg` imports this module before psycopg, so the library's own imports are always in the
-right order; if the application imported psycopg earlier, `check_import_order` says so.
+Import order no longer matters. psycopg's `waiting` module binds `asyncio.get_running_loop`
+when it is imported, and trio-asyncio replaces that function when *it* is imported: with
+psycopg first, every async psycopg call under trio-asyncio failed with "no running event loop".
+Importing this module (the runtime does so only when an asyncio job kind runs, or an async
+connection is passed to `enqueue_tx`) points psycopg's binding at trio-asyncio's function if
+psycopg was imported first (`_rebind_psycopg`). That one name of psycopg's is pinned by a test
+(tests/infra), with the psycopg versions it was checked on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
-import warnings
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-_psycopg_first = "psycopg" in sys.modules and "trio_asyncio" not in sys.modules
+import trio_asyncio
 
-import trio_asyncio  # noqa: E402  (after the check above, on purpose)
+__all__ = ["call_asyncio", "loop_running", "maybe_open_loop"]
 
-__all__ = ["call_asyncio", "check_import_order", "loop_running", "maybe_open_loop"]
+
+def _rebind_psycopg() -> None:
+    """psycopg imported before trio-asyncio kept the original `get_running_loop`, which cannot
+    see trio-asyncio's loop: point it at the function trio-asyncio installed."""
+    waiting = sys.modules.get("psycopg.waiting")
+    if waiting is not None and getattr(waiting, "get_running_loop", None) is not asyncio.get_running_loop:
+        waiting.get_running_loop = asyncio.get_running_loop  # type: ignore[attr-defined]
+
+
+_rebind_psycopg()
 
 
 def loop_running() -> bool:
     """Whether a trio-asyncio loop is open in this context."""
     return trio_asyncio.current_loop.get(None) is not None
-
-
-def check_import_order() -> None:
-    """Warn if psycopg was imported before trio_asyncio in this process."""
-    if _psycopg_first:
-        warnings.warn(
-            "psycopg was imported before trio_asyncio: async psycopg calls under trio-asyncio will fail "
-            "with 'no running event loop'; import trio_asyncio (or nursery_jobs.backends.postgres) "
-            "before anything that imports psycopg",
-            RuntimeWarning,
-            stacklevel=2,
-        )
 
 
 @asynccontextmanager
@@ -50,7 +49,7 @@ async def maybe_open_loop(needed: bool) -> AsyncIterator[None]:
     if not needed or trio_asyncio.current_loop.get(None) is not None:
         yield
         return
-    check_import_order()
+    _rebind_psycopg()  # psycopg may have been imported since this module was
     async with trio_asyncio.open_loop():
         yield
 

@@ -1,23 +1,44 @@
 """`run_blocking`: the one sanctioned way for job code to call blocking code.
 
-The call runs on a Trio worker thread under the runtime's `CapacityLimiter` (so blocking code
-can never take more than `thread_limit` threads), and it is never abandoned: if the job is
-cancelled while the thread runs, the job waits for the thread to return before it unwinds, so no
-thread outlives the job that started it. Blocking code that can run for long should take its own
-timeout (a socket timeout, a statement timeout) so that cancellation is prompt.
+The call runs on a Trio worker thread under its runtime's `ThreadBudget` -- a `CapacityLimiter`
+of `thread_limit` tokens and a count of the calls in flight -- so blocking code can never take
+more than `thread_limit` threads, and it is never abandoned: if the job is cancelled while the
+thread runs, the job waits for the thread to return before it unwinds, so no thread outlives the
+job that started it. Blocking code that can run for long should take its own timeout (a socket
+timeout, a statement timeout) so that cancellation is prompt.
+
+The budget is the runtime's, found through a ContextVar the runtime sets for its tasks (as Trio
+keeps its own per-run state in RunVars): jobs and the service's code inside `open_runtime` share
+it, and infra needs nothing from the layers above to find it.
 """
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any, Callable, TypeVar
 
 import trio
 
-from .._context import get_runtime
+from ..errors import RuntimeClosed
 
-__all__ = ["run_blocking", "run_sync_io"]
+__all__ = ["ThreadBudget", "current_budget", "run_blocking", "run_sync_io"]
 
 T = TypeVar("T")
+
+
+class ThreadBudget:
+    """At most `limit` `run_blocking` threads at once, and how many run now."""
+
+    __slots__ = ("in_flight", "limiter")
+
+    def __init__(self, limit: int) -> None:
+        self.limiter = trio.CapacityLimiter(limit)
+        self.in_flight = 0
+
+
+current_budget: contextvars.ContextVar[ThreadBudget | None] = contextvars.ContextVar(
+    "nursery_jobs.thread_budget", default=None
+)
 
 
 async def run_blocking(fn: Callable[..., T], *args: Any) -> T:
@@ -25,12 +46,17 @@ async def run_blocking(fn: Callable[..., T], *args: Any) -> T:
 
     Raises `RuntimeClosed` outside a runtime; re-raises whatever `fn` raises.
     """
-    rt = get_runtime("run_blocking()")
-    rt.threads_in_flight += 1
+    budget = current_budget.get()
+    if budget is None:
+        raise RuntimeClosed(
+            "run_blocking() needs a running runtime, and this context has none; call it inside "
+            "`async with nursery_jobs.open_runtime(app) as rt:` or from a job"
+        )
+    budget.in_flight += 1
     try:
-        return await trio.to_thread.run_sync(fn, *args, limiter=rt.thread_limiter, abandon_on_cancel=False)
+        return await trio.to_thread.run_sync(fn, *args, limiter=budget.limiter, abandon_on_cancel=False)
     finally:
-        rt.threads_in_flight -= 1
+        budget.in_flight -= 1
 
 
 async def run_sync_io(fn: Callable[..., T], *args: Any, limiter: trio.CapacityLimiter) -> T:

@@ -90,7 +90,7 @@ async def test_run_blocking_runs_on_a_bounded_thread():
         ids = await offload.enqueue_many([{"n": n} for n in range(6)])
         for job_id in ids:
             assert (await rt.wait(job_id, timeout=10)).done
-        assert rt.threads_in_flight == 0
+        assert rt.threads.in_flight == 0
     assert sorted(results) == [0, 2, 4, 6, 8, 10] and peak == 2
 
 

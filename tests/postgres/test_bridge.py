@@ -190,7 +190,8 @@ async def test_a_cancelled_copy_writes_nothing_and_leaves_no_dirty_connection(pg
 
 
 async def test_a_statement_that_ignores_the_cancel_closes_its_connection_within_the_bound(pg_url, monkeypatch):
-    monkeypatch.setattr(pg, "DRAIN_TIMEOUT", 0.5)
+    monkeypatch.setattr(pg.connection, "DRAIN_TIMEOUT", 0.5)
+    monkeypatch.setattr(pg.pool, "DRAIN_TIMEOUT", 0.5)
 
     async def no_cancel(self: pg.TrioConnection) -> None:  # the cancel request is lost
         await trio.lowlevel.checkpoint()
@@ -356,11 +357,11 @@ class CountingRW:
 
 @pytest.mark.parametrize("epoll", [True, False], ids=["epoll", "two-tasks"])
 async def test_a_large_message_is_sent_through_the_rw_wait(pg_url, monkeypatch, epoll):
-    if epoll and pg._EPOLL is None:
+    if epoll and pg.connection._EPOLL is None:
         pytest.skip("no epoll on this platform")
     if not epoll:
-        monkeypatch.setattr(pg, "_EPOLL", None)
-        counter = CountingRW(monkeypatch, pg, "_wait_rw_with_tasks")
+        monkeypatch.setattr(pg.connection, "_EPOLL", None)
+        counter = CountingRW(monkeypatch, pg.connection, "_wait_rw_with_tasks")
     else:
         counter = CountingRW(monkeypatch, pg.TrioConnection, "_wait_rw")
     conn = await pg.connect(pg_url, autocommit=True)

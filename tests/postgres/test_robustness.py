@@ -87,8 +87,9 @@ async def proxy(pg_url: str, nursery: trio.Nursery) -> FreezingProxy:
 
 @pytest.fixture
 def short_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pg, "ROUND_TRIP_MARGIN", 0.5)
-    monkeypatch.setattr(pg, "DRAIN_TIMEOUT", 0.5)
+    monkeypatch.setattr(pg.pool, "ROUND_TRIP_MARGIN", 0.5)
+    monkeypatch.setattr(pg.connection, "DRAIN_TIMEOUT", 0.5)
+    monkeypatch.setattr(pg.pool, "DRAIN_TIMEOUT", 0.5)
 
 
 def _job(queue: str = "q") -> NewJob:

@@ -344,7 +344,7 @@ def _quoting_connect(real: Any) -> Any:
 async def test_the_listeners_log_lines_carry_no_password(pg_url, caplog, monkeypatch):
     _local_server_only()
     caplog.set_level(logging.DEBUG)
-    monkeypatch.setattr(pg, "connect", _quoting_connect(pg.connect))
+    monkeypatch.setattr(pg.listener, "connect", _quoting_connect(pg.connect))
     url = f"postgresql://postgres:{SECRET}@127.0.0.1:5432/{_db(pg_url)}"
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:

@@ -560,7 +560,7 @@ class Example:
                     raise rest
                 return
             self.audit.check_runtime_exit()
-            expect(rt.threads_in_flight == 0, "P02", f"{rt.threads_in_flight} offloaded thread calls outlived the runtime")
+            expect(rt.threads.in_flight == 0, "P02", f"{rt.threads.in_flight} offloaded thread calls outlived the runtime")
             record = ShutdownRecord(t0, grace, skip, model_exit, trio.current_time(), rt, running)
             self.shutdowns.append(record)
             self.rt = None

@@ -81,8 +81,8 @@ def test_p05_threads_stay_under_the_limiter() -> None:
             ids = await rt.enqueue_many("offload", [{} for _ in range(8)])
             for job_id in ids:
                 assert (await rt.wait(job_id, timeout=5)).done
-            assert rt.threads_in_flight == 0
-            assert rt.thread_limiter.borrowed_tokens == 0
+            assert rt.threads.in_flight == 0
+            assert rt.threads.limiter.borrowed_tokens == 0
 
     trio.run(main)
     assert 1 <= peak[0] <= 2, peak[0]
