@@ -27,7 +27,8 @@ from .config import QueueConfig, RetryPolicy, RuntimeSettings
 from .errors import ArgsError, BackendError, BackendUnavailable, ConfigError, JobNotFound, NurseryJobsError, RuntimeClosed, UnknownJob
 from .infra.threads import run_blocking
 from .jobs import Discard, Job, JobContext, JobError, JobId, JobState, Receipt, Snooze
-from .runtime import QueueStats, Runtime, open_runtime, run
+from .client import QueueStats
+from .runtime import Runtime, open_runtime, run
 
 __all__ = [
     "App",

@@ -1,10 +1,14 @@
-"""The runtime and the job of the current context: for `JobKind.enqueue` and `run_blocking`, and
-for the blocked-loop watchdog, which asks which job a task's step belonged to."""
+"""The context's client and job: for `JobKind.enqueue` and for the blocked-loop watchdog, which
+asks which job a task's step belonged to.
+
+ContextVars only, and the small protocol the client meets (`Enqueuer`), so that this bottom
+module never imports the layers that set them.
+"""
 
 from __future__ import annotations
 
 import contextvars
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import trio
 
@@ -12,23 +16,36 @@ from .errors import RuntimeClosed
 from .infra.watchdog import Culprit
 
 if TYPE_CHECKING:
-    from .backends import ClaimedJob
+    from .backends.protocol import ClaimedJob, NewJob
     from .infra.sync import Mailbox
-    from .runtime import Runtime
+    from .jobs import JobId
 
-current_runtime: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar(
-    "nursery_jobs.current_runtime", default=None
+
+class Enqueuer(Protocol):
+    """What `JobKind.enqueue` needs of the current client."""
+
+    def now(self) -> float:
+        """The backend's clock (a `delay=` becomes a `run_at` on it)."""
+        ...
+
+    async def insert(self, jobs: Sequence[NewJob]) -> list[JobId]:
+        """Store `jobs` (cancel-atomic; `RuntimeClosed` once shutdown began)."""
+        ...
+
+
+current_enqueuer: contextvars.ContextVar[Enqueuer | None] = contextvars.ContextVar(
+    "nursery_jobs.current_client", default=None
 )
 
 
-def get_runtime(what: str) -> Runtime:
-    rt = current_runtime.get()
-    if rt is None:
+def get_enqueuer(what: str) -> Enqueuer:
+    client = current_enqueuer.get()
+    if client is None:
         raise RuntimeClosed(
             f"{what} needs a running runtime, and this context has none; call it inside "
             "`async with nursery_jobs.open_runtime(app) as rt:` (or from a job), or use rt directly"
         )
-    return rt
+    return client
 
 
 current_job_id: contextvars.ContextVar[int | None] = contextvars.ContextVar("nursery_jobs.current_job_id", default=None)

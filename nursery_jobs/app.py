@@ -8,73 +8,118 @@ is declared, so a typo fails at import, not at three in the morning.
 from __future__ import annotations
 
 import inspect
+import math
+from collections import abc
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generic, Iterable, Mapping, ParamSpec, TypeVar
 
 import attrs
 
-from ._context import get_runtime
+from ._context import get_enqueuer
+from .backends.protocol import NewJob
 from .config import DEFAULT_QUEUE, QueueConfig, RetryPolicy, check_name, check_priority, check_timeout, check_unique_key
 from .errors import ArgsError, ConfigError, UnknownJob
+from .jobs import encode_args
 
 if TYPE_CHECKING:
     from .jobs import JobContext, JobId
 
-__all__ = ["App", "JobKind"]
+__all__ = ["App", "EnqueueOptions", "JobKind"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 Handler = Callable[..., Awaitable[Any]]
+Middleware = Callable[["JobContext", Callable[["JobContext"], Awaitable[Any]]], Awaitable[Any]]
+"""``async def mw(ctx, call_next)``: runs around every attempt; must await ``call_next(ctx)``
+(or a context it made from `ctx`) to run the handler. (The seam for tests' planted faults and,
+later, for metrics and tracing: `App._middleware`.)"""
+
+
+def _check_delay(_inst: Any, _attr: Any, value: Any) -> None:
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
+    ):
+        raise ConfigError(f"delay must be a finite number of seconds >= 0, not {value!r}")
+
+
+def _check_run_at(_inst: Any, _attr: Any, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
+        raise ConfigError(f"run_at must be a finite time on the backend's clock, not {value!r}")
+
+
+def _check_priority(_inst: Any, _attr: Any, value: Any) -> None:
+    if value is not None:
+        check_priority(value)
+
+
+def _check_key(_inst: Any, _attr: Any, value: Any) -> None:
+    if value is not None:
+        check_unique_key(value)
 
 
 @attrs.frozen
 class EnqueueOptions:
-    delay: float | None = None
-    run_at: float | None = None
-    priority: int = 0
-    unique_key: str | None = None
+    """How to enqueue: each value checked once, when the options are made (`kind.options(...)`),
+    not once per job. `priority` None: the kind's."""
+
+    delay: float | None = attrs.field(default=None, validator=_check_delay)
+    run_at: float | None = attrs.field(default=None, validator=_check_run_at)
+    priority: int | None = attrs.field(default=None, validator=_check_priority)
+    unique_key: str | None = attrs.field(default=None, validator=_check_key)
+
+    def __attrs_post_init__(self) -> None:
+        if self.delay is not None and self.run_at is not None:
+            raise ConfigError("pass delay= or run_at=, not both")
+
+    def when(self, now: float) -> float | None:
+        """The job's run_at on the backend's clock (None: due now)."""
+        if self.delay is not None:
+            return now + self.delay if self.delay > 0 else None
+        return self.run_at
 
 
+_NO_OPTIONS = EnqueueOptions()
+
+
+def _signature(kind: JobKind[Any, Any]) -> inspect.Signature:
+    return inspect.signature(kind.fn)
+
+
+@attrs.frozen(eq=False, repr=False)
 class JobKind(Generic[P, R]):
-    """A registered job kind: the handler plus its queue, timeout and retry settings.
+    """A registered job kind: the handler plus its queue, timeout and retry settings, made by
+    `@app.job`.
 
     Calling it calls the handler directly (handy in unit tests); `enqueue` and `enqueue_many`
-    put jobs on the runtime of the current context.
+    put jobs on the runtime of the current context; `new_job` builds the job a backend stores.
     """
 
-    def __init__(
-        self,
-        fn: Callable[..., Awaitable[R]],
-        *,
-        name: str,
-        queue: str,
-        timeout: float | None,
-        max_attempts: int,
-        priority: int,
-        retry: RetryPolicy | None,
-        asyncio: bool = False,
-        unique: Callable[[Mapping[str, Any]], str | None] | None = None,
-    ) -> None:
-        self.fn = fn
-        self.asyncio = asyncio
-        self.unique = unique
-        self.name = name
-        self.queue = queue
-        self.timeout = timeout
-        self.max_attempts = max_attempts
-        self.priority = priority
-        self.retry = retry
-        self.signature = inspect.signature(fn)
-        self._options = EnqueueOptions(priority=priority)
+    fn: Callable[..., Awaitable[R]]
+    name: str
+    queue: str
+    timeout: float | None
+    max_attempts: int
+    priority: int
+    retry: RetryPolicy | None
+    asyncio: bool = False
+    unique: Callable[[Mapping[str, Any]], str | None] | None = None
+    signature: inspect.Signature = attrs.field(init=False, default=attrs.Factory(_signature, takes_self=True))
+    _var_keyword: bool = attrs.field(init=False, default=False)
+    _keywords: frozenset[str] = attrs.field(init=False, default=frozenset())
+    _required: frozenset[str] = attrs.field(init=False, default=frozenset())
+    _simple: bool = attrs.field(init=False, default=True)
+
+    def __attrs_post_init__(self) -> None:
         params = list(self.signature.parameters.values())[1:]
-        self._var_keyword = any(p.kind is p.VAR_KEYWORD for p in params)
-        self._keywords = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
-        self._required = frozenset(
-            p.name
-            for p in params
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty
+        plain = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        object.__setattr__(self, "_var_keyword", any(p.kind is p.VAR_KEYWORD for p in params))
+        object.__setattr__(self, "_keywords", frozenset(p.name for p in params if p.kind in plain))
+        object.__setattr__(
+            self, "_required", frozenset(p.name for p in params if p.kind in plain and p.default is p.empty)
         )
-        self._simple = not any(p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL) for p in params)
+        object.__setattr__(
+            self, "_simple", not any(p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL) for p in params)
+        )
 
     def __repr__(self) -> str:
         return f"<JobKind {self.name!r} queue={self.queue!r}>"
@@ -109,6 +154,38 @@ class JobKind(Generic[P, R]):
         except TypeError as exc:
             raise ArgsError(f"args {dict(args)!r} do not fit job {self.name!r}{self.signature}: {exc}") from None
 
+    def _args_json(self, args: Mapping[str, Any]) -> str:
+        if type(args) is not dict:
+            if not isinstance(args, abc.Mapping):
+                raise ArgsError(
+                    f"args for job {self.name!r} must be a mapping of keyword arguments, not {type(args).__name__}"
+                )
+            args = dict(args)
+        self.check_args(args)
+        return encode_args(args)
+
+    def new_job(self, args: Mapping[str, Any], opts: EnqueueOptions, now: float) -> NewJob:
+        """The job a backend stores for one enqueue of `args` (validated: `ArgsError`)."""
+        key = opts.unique_key
+        if key is None and self.unique is not None:
+            key = self.unique_key_for(args)
+        priority = self.priority if opts.priority is None else opts.priority
+        return NewJob(self.name, self.queue, self._args_json(args), priority, opts.when(now), self.max_attempts, key)
+
+    def new_jobs(self, many: Iterable[Mapping[str, Any]], opts: EnqueueOptions, now: float) -> list[NewJob]:
+        """One job per mapping of `many` (all validated first: one bad mapping refuses the batch);
+        a kind with a `unique` function gives each job its own key."""
+        if opts.unique_key is not None:
+            raise ConfigError("unique_key applies to enqueue(), not enqueue_many(): one key cannot name many jobs")
+        name, queue, attempts, to_json = self.name, self.queue, self.max_attempts, self._args_json
+        priority = self.priority if opts.priority is None else opts.priority
+        when = opts.when(now)
+        new = tuple.__new__  # a NamedTuple without its Python-level __new__: once per job
+        if self.unique is None:
+            return [new(NewJob, (name, queue, to_json(args), priority, when, attempts, None)) for args in many]
+        key_for = self.unique_key_for  # a key twice in one batch gives the first job's id twice
+        return [new(NewJob, (name, queue, to_json(args), priority, when, attempts, key_for(args))) for args in many]
+
     def options(
         self,
         *,
@@ -117,24 +194,17 @@ class JobKind(Generic[P, R]):
         priority: int | None = None,
         unique_key: str | None = None,
     ) -> BoundEnqueue:
-        """Enqueue with options: ``await kind.options(delay=5).enqueue(doc_id=1)``."""
-        return BoundEnqueue(
-            self,
-            EnqueueOptions(
-                delay=delay,
-                run_at=run_at,
-                priority=self.priority if priority is None else priority,
-                unique_key=unique_key,
-            ),
-        )
+        """Enqueue with options: ``await kind.options(delay=5).enqueue(doc_id=1)``. The options
+        are checked here (`ConfigError`)."""
+        return BoundEnqueue(self, EnqueueOptions(delay=delay, run_at=run_at, priority=priority, unique_key=unique_key))
 
     async def enqueue(self, **args: Any) -> JobId:
         """Enqueue one job with these keyword arguments; returns its id."""
-        return await BoundEnqueue(self, self._options).enqueue(**args)
+        return await BoundEnqueue(self, _NO_OPTIONS).enqueue(**args)
 
     async def enqueue_many(self, many: Iterable[Mapping[str, Any]]) -> list[JobId]:
         """Enqueue one job per mapping of keyword arguments, in one backend call."""
-        return await BoundEnqueue(self, self._options).enqueue_many(many)
+        return await BoundEnqueue(self, _NO_OPTIONS).enqueue_many(many)
 
 
 @attrs.frozen
@@ -143,18 +213,12 @@ class BoundEnqueue:
     opts: EnqueueOptions
 
     async def enqueue(self, **args: Any) -> JobId:
-        rt = get_runtime(f"{self.kind.name}.enqueue()")
-        o = self.opts
-        return await rt.enqueue(
-            self.kind.name, args, delay=o.delay, run_at=o.run_at, priority=o.priority, unique_key=o.unique_key
-        )
+        client = get_enqueuer(f"{self.kind.name}.enqueue()")
+        return (await client.insert([self.kind.new_job(args, self.opts, client.now())]))[0]
 
     async def enqueue_many(self, many: Iterable[Mapping[str, Any]]) -> list[JobId]:
-        rt = get_runtime(f"{self.kind.name}.enqueue_many()")
-        o = self.opts
-        if o.unique_key is not None:
-            raise ConfigError("unique_key applies to enqueue(), not enqueue_many(): one key cannot name many jobs")
-        return await rt.enqueue_many(self.kind.name, many, delay=o.delay, run_at=o.run_at, priority=o.priority)
+        client = get_enqueuer(f"{self.kind.name}.enqueue_many()")
+        return await client.insert(self.kind.new_jobs(many, self.opts, client.now()))
 
 
 class App:
@@ -171,6 +235,8 @@ class App:
         self._declared: set[str] = set()
         self._kinds: dict[str, JobKind[Any, Any]] = {}
         self.retry = RetryPolicy()
+        self._middleware: list[Middleware] = []
+        """Run around every attempt, outermost first (see `execution.attempt.KindRunner`)."""
 
     @property
     def queues(self) -> Mapping[str, QueueConfig]:

@@ -18,8 +18,8 @@ import trio.testing
 
 import nursery_jobs as nj
 from nursery_jobs.backends import Outcome
-from nursery_jobs.completer import MAX_BATCH
-from nursery_jobs.executor import OUTCOME_SLACK
+from nursery_jobs.execution.completer import MAX_BATCH
+from nursery_jobs.execution.executor import OUTCOME_SLACK
 
 
 class SlowWrites(nj.MemoryBackend):

@@ -24,12 +24,11 @@ from typing import Mapping, Sequence
 
 import trio
 
-from .._faults import NO_FAULTS, Faults
 from ..errors import ConfigError, JobNotFound
 from ..jobs import MAX_ERRORS_KEPT, Job, JobError, JobState, decode_args
 from .rows import rescue_message
 from .transitions import CancelAction, after_outcome, after_rescue, on_cancel
-from . import (
+from .protocol import (
     BackendEvent,
     CancelRequested,
     ClaimedJob,
@@ -99,7 +98,7 @@ class MemoryBackend:
     poll_interval: float | None = None  # every wake-up is pushed: nothing to poll for
     atomic = True  # no method ever yields
 
-    def __init__(self, *, max_final_jobs: int = 100_000, faults: Faults = NO_FAULTS) -> None:
+    def __init__(self, *, max_final_jobs: int = 100_000) -> None:
         """`max_final_jobs`: final jobs kept at most (oldest dropped first), besides the
         runtime's age-based retention, so an embedded service's memory stays bounded at any
         throughput (100,000 x ~420 B = ~42 MB)."""
@@ -107,7 +106,6 @@ class MemoryBackend:
             raise ConfigError(f"max_final_jobs must be an int >= 0, not {max_final_jobs!r}")
         self.max_final_jobs = max_final_jobs
         self._final_order: collections.deque[int] = collections.deque()
-        self._faults = faults
         self._rows: dict[int, _Row] = {}
         self._queues: dict[str, _QueueState] = {}
         self._unique: dict[str, int] = {}
@@ -288,8 +286,6 @@ class MemoryBackend:
         row = self._row(job_id)
         action = on_cancel(row.state)
         if action is CancelAction.NONE:
-            if self._faults.late_cancel_overwrites and row.state is not JobState.CANCELLED:
-                self._move(row, self._q(row.queue), JobState.CANCELLED)
             return row.state
         q = self._q(row.queue)
         if action is CancelAction.REQUEST:

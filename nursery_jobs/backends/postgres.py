@@ -72,11 +72,10 @@ from ..infra.pg import (  # psycopg only through infra: import order
     sql,
 )
 from ..infra.redact import REDACTED, redact, redact_exception
-from .._faults import NO_FAULTS, Faults
 from ..config import check_timeout
 from ..errors import BackendError, BackendUnavailable, ConfigError, JobNotFound
 from ..jobs import MAX_ERRORS_KEPT, Job, JobState
-from . import (
+from .protocol import (
     BackendEvent,
     CancelRequested,
     ClaimedJob,
@@ -360,7 +359,6 @@ class PostgresBackend:
         outage_timeout: float = 30.0,
         statement_timeout: float = 30.0,
         clock: Callable[[], float] = time.time,
-        faults: Faults = NO_FAULTS,
         _blocking_io: bool = False,
     ) -> None:
         self.conninfo = conninfo
@@ -389,7 +387,6 @@ class PostgresBackend:
         bounded client-side at this + `infra.pg.ROUND_TRIP_MARGIN` (`PgPool`)."""
         _check_statement_timeout("statement_timeout", self.statement_timeout)
         self._clock = clock
-        self._faults = faults
         self._blocking_io = _blocking_io
         """Every database wait blocks the Trio thread (`PgPool(blocking=True)`): for tests that
         run the runtime under `MockClock(autojump_threshold=0)`, never for production."""
@@ -776,8 +773,6 @@ class PostgresBackend:
         before, after, message, _notified, changed = row
         state = JobState(after)
         if JobState(before).final:
-            if self._faults.late_cancel_overwrites and before != "cancelled":
-                await self._run(lambda c: _exec(c, self._q["force_cancel"], (job_id,)))
             return JobState(before)
         if state is JobState.RUNNING:
             if changed:
@@ -1095,7 +1090,6 @@ _QUERIES: dict[str, sql.SQL] = {
         " SELECT cur.state, coalesce(upd.state, cur.state), upd.message, (SELECT count(*) FROM n), upd.id IS NOT NULL"
         " FROM cur LEFT JOIN upd ON upd.id = cur.id"
     ),
-    "force_cancel": sql.SQL("UPDATE {s}.jobs SET state = 'cancelled' WHERE id = %s"),
     "heartbeat": sql.SQL(
         "UPDATE {s}.jobs j SET heartbeat_at = %s"
         " FROM unnest(%s::bigint[], %s::int[]) AS r(id, attempt)"

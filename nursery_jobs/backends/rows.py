@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import attrs
 
 from ..jobs import MAX_ERRORS_KEPT, Job, JobError, JobState, clean_text, decode_args
-from . import ClaimedJob, QueueCounts
+from .protocol import ClaimedJob, QueueCounts
 
 __all__ = [
     "Damage",

@@ -40,12 +40,11 @@ from urllib.parse import parse_qs
 
 import trio
 
-from .._faults import NO_FAULTS, Faults
 from ..errors import BackendUnavailable, ConfigError, JobNotFound
 from ..infra.threads import run_sync_io
 from ..infra.wake import Wake, WakeRegistry
 from ..jobs import MAX_ERRORS_KEPT, Job, JobState
-from . import (
+from .protocol import (
     BackendEvent,
     CancelRequested,
     ClaimedJob,
@@ -157,7 +156,6 @@ class SqliteBackend:
         clock: Callable[[], float] = time.time,
         busy_timeout: float = 10.0,
         outage_timeout: float = 30.0,
-        faults: Faults = NO_FAULTS,
         wake: bool = True,
         _blocking_io: bool = False,
     ) -> None:
@@ -167,7 +165,6 @@ class SqliteBackend:
         self._clock = clock
         self._busy_timeout = busy_timeout
         self.outage_timeout = outage_timeout
-        self._faults = faults
         self._conn: sqlite3.Connection | None = None
         self._lock = trio.Lock()
         self._limiter = trio.CapacityLimiter(1)
@@ -548,8 +545,6 @@ class SqliteBackend:
                 return JobState.DISCARDED, [self._set_aside(conn, job_id, [Damage("state", row[0], "a job state")], now)]
             action = on_cancel(state)
             if action is CancelAction.NONE:
-                if self._faults.late_cancel_overwrites and state is not JobState.CANCELLED:
-                    conn.execute("UPDATE nj_jobs SET state = 'cancelled' WHERE id = ?", (job_id,))
                 return state, []
             if action is CancelAction.REQUEST:
                 cur = conn.execute("UPDATE nj_jobs SET cancel_requested = 1 WHERE id = ? AND cancel_requested = 0", (job_id,))

@@ -82,25 +82,7 @@ class ChildTasks:
 
 
 @asynccontextmanager
-async def open_children(job_name: str, escape_to: TaskOwner | None = None) -> AsyncIterator[ChildTasks]:
-    """The child nursery of one attempt.
-
-    `escape_to` exists only for the property suite's mutant (children started into the queue's
-    scope instead of the attempt's); the runtime never passes it.
-    """
-    if escape_to is not None:
-        yield ChildTasks(escape_to)
-        return
+async def open_children(job_name: str) -> AsyncIterator[ChildTasks]:
+    """The child nursery of one attempt: its tasks end with the attempt's scope."""
     async with open_owner(job_name) as owner:
         yield ChildTasks(owner)
-
-
-class _SystemChildren:
-    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
-        trio.lowlevel.spawn_system_task(fn, *args, name=name)
-
-
-@asynccontextmanager
-async def system_children() -> AsyncIterator[Any]:
-    """The P01 mutant only: children spawned as system tasks, outside every scope."""
-    yield _SystemChildren()

@@ -155,9 +155,9 @@ async def test_retention_deletes_final_jobs_by_age_keeping_discarded_longest(mak
 
 
 async def test_retention_deletes_a_backlog_in_short_batches(make_backend, autojump_clock, monkeypatch):
-    from nursery_jobs import runtime
+    from nursery_jobs.services import retention
 
-    monkeypatch.setattr(runtime, "RETENTION_BATCH", 40)
+    monkeypatch.setattr(retention, "RETENTION_BATCH", 40)
     app = nj.App()
     app.queue("bulk", max_workers=10, timeout=None)
 

@@ -24,11 +24,15 @@ Property tests request no pytest fixtures and build everything inside the exampl
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
+import random
 from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import attrs
 
 import trio
 import trio.testing
@@ -36,8 +40,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import nursery_jobs as nj
-from nursery_jobs._faults import NO_FAULTS, Faults
-from nursery_jobs.backends import JobFinalized
+from tests.properties.faults import NO_FAULTS, Faults
+from nursery_jobs.backends import JobFinalized, JobsAvailable, OutcomeKind
 from nursery_jobs.backends.sqlite import SqliteBackend
 
 from .audit import PropertyFailed, TaskAudit, context_job, expect, walk_tree
@@ -57,6 +61,59 @@ def examples(n: int) -> int:
 
 class ScriptedError(Exception):
     """What a scripted `raise` step raises."""
+
+
+class UnseededRetry(nj.RetryPolicy):
+    """P15's mutant: jitter from the OS's entropy instead of the runtime's seeded RNG."""
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        return super().delay(attempt, random.SystemRandom())
+
+
+class _SystemChildren:
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
+        trio.lowlevel.spawn_system_task(fn, *args, name=name)
+
+
+@contextlib.asynccontextmanager
+async def _system_children() -> AsyncIterator[_SystemChildren]:
+    yield _SystemChildren()
+
+
+class _Spawner:
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
+        self._nursery.start_soon(fn, *args, name=name)
+
+
+class _OtherChildren:
+    """An attempt handle whose `ctx.children()` is another scope's: the mutants' context."""
+
+    def __init__(self, attempt: Any, open_children: Callable[[], Any]) -> None:
+        self._attempt = attempt
+        self.open_children = open_children
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._attempt, name)
+
+
+async def _children_as_system_tasks(ctx: nj.JobContext, call_next: Callable[[nj.JobContext], Awaitable[Any]]) -> Any:
+    """P01's mutant: `ctx.children()` spawns Trio system tasks, outside every scope."""
+    return await call_next(nj.JobContext(ctx.args, ctx.deadline, _OtherChildren(ctx._attempt, _system_children)))
+
+
+async def _children_outside_the_attempt(ctx: nj.JobContext, call_next: Callable[[nj.JobContext], Awaitable[Any]]) -> Any:
+    """P02's mutant: `ctx.children()` spawns into a scope around the handler, not the attempt's:
+    the children outlive the handler's body (still inside the runtime's tree)."""
+    async with trio.open_nursery() as outer:
+
+        @contextlib.asynccontextmanager
+        async def escaping() -> AsyncIterator[_Spawner]:
+            yield _Spawner(outer)
+
+        return await call_next(nj.JobContext(ctx.args, ctx.deadline, _OtherChildren(ctx._attempt, escaping)))
 
 
 class BackendCrash(nj.BackendUnavailable):
@@ -82,14 +139,29 @@ def first_property_failure(exc: BaseException) -> PropertyFailed | None:
 class World:
     """The app with scripted kinds, one per queue, and everything they record."""
 
-    def __init__(self, queues: list[QueueSpec], audit: TaskAudit, *, jitter: float = 0.0, probe: bool = False) -> None:
+    def __init__(
+        self,
+        queues: list[QueueSpec],
+        audit: TaskAudit,
+        *,
+        jitter: float = 0.0,
+        probe: bool = False,
+        faults: Faults = NO_FAULTS,
+    ) -> None:
         self.audit = audit
         self.queues = {q.name: q for q in queues}
         self.app = app = nj.App()
+        # App-side mutants: the app the harness declares differs from the spec the model reads.
+        extra_worker = 1 if faults.pool_off_by_one else 0
+        retry = UnseededRetry if faults.unseeded_jitter else nj.RetryPolicy
         for q in queues:
-            app.queue(q.name, max_workers=q.max_workers, timeout=q.timeout)
-            policy = nj.RetryPolicy(base=q.retry_base, factor=q.retry_factor, cap=100.0, jitter=jitter)
+            app.queue(q.name, max_workers=q.max_workers + extra_worker, timeout=q.timeout)
+            policy = retry(base=q.retry_base, factor=q.retry_factor, cap=100.0, jitter=jitter)
             app.job(queue=q.name, name=q.kind, max_attempts=q.max_attempts, retry=policy)(self._handler())
+        if faults.system_task_children:
+            app._middleware.append(_children_as_system_tasks)
+        if faults.children_in_queue_scope:
+            app._middleware.append(_children_outside_the_attempt)
         if probe:
             app.queue(PROBE_QUEUE, max_workers=1, timeout=None)
             app.job(queue=PROBE_QUEUE, name="probe")(self._probe())
@@ -216,11 +288,89 @@ class _Harness:
 
 
 class HarnessBackend(_Harness, nj.MemoryBackend):
+    """The memory backend, with the harness's additions, and the backend-side mutants: each
+    a planted bug in what the runtime asks of its backend, or in how the runtime reacts to it."""
+
     def __init__(
         self, world: World, *, faults: Faults = NO_FAULTS, claim_yields: bool = False, crash_at: int | None = None
     ) -> None:
-        nj.MemoryBackend.__init__(self, faults=faults)
+        nj.MemoryBackend.__init__(self)
         self._harness(world, claim_yields, crash_at)
+        self.faults = faults
+        self._claiming: set[str] = set()
+        self._lied: set[int] = set()
+
+    async def insert_many(self, jobs: Any) -> Any:
+        if self.faults.invert_priority:  # P08: lower priority runs first
+            jobs = [job._replace(priority=-job.priority) for job in jobs]
+        results = await nj.MemoryBackend.insert_many(self, jobs)
+        if self.faults.enqueue_checkpoint_after_insert:  # P14: a cancel can land after the insert
+            await trio.lowlevel.checkpoint()
+        return results
+
+    async def claim(self, queue: str, limit: int) -> Any:
+        self._claiming.add(queue)
+        try:
+            return await _Harness.claim(self, queue, limit)
+        finally:
+            self._claiming.discard(queue)
+
+    def _dropped(self, event: Any) -> bool:
+        # P06: a wake-up landing during a claim is forgotten (a fetch cooldown)
+        return self.faults.drop_wakeup_during_fetch and isinstance(event, JobsAvailable) and event.queue in self._claiming
+
+    def _emit(self, event: Any) -> None:
+        if not self._dropped(event):
+            nj.MemoryBackend._emit(self, event)
+
+    def _emit_all(self, events: list[Any]) -> None:
+        nj.MemoryBackend._emit_all(self, [e for e in events if not self._dropped(e)])
+
+    async def finish_many(self, outcomes: Any) -> None:
+        faults = self.faults
+        if faults.completer_drops_batch and len(outcomes) > 1:
+            return  # P03: a batch of more than one outcome is lost
+        if faults.swallow_service_errors:
+            try:
+                await _Harness.finish_many(self, outcomes)
+            except BackendCrash:
+                return  # P11: the crash is logged somewhere and swallowed
+            return
+        if faults.snooze_counts_attempt or faults.outcome_from_exception_type:
+            outcomes = [self._mutated(o) for o in outcomes]
+        await _Harness.finish_many(self, outcomes)
+
+    def _mutated(self, out: Any) -> Any:
+        row = self._rows.get(out.job_id)
+        if row is None:
+            return out
+        now = self.now()
+        spent = out.attempt >= row.max_attempts
+        if self.faults.snooze_counts_attempt and out.kind is OutcomeKind.SNOOZE:  # P04
+            error = nj.JobError(out.attempt, now, f"snoozed until {out.run_at}")
+            return out._replace(kind=OutcomeKind.DISCARD if spent else OutcomeKind.RETRY, error=error)
+        if self.faults.outcome_from_exception_type and out.kind in (OutcomeKind.CANCELLED, OutcomeKind.INTERRUPTED):
+            # P09: any cancellation of an attempt taken for a timeout
+            error = nj.JobError(out.attempt, now, "timed out")
+            return out._replace(kind=OutcomeKind.DISCARD if spent else OutcomeKind.RETRY, run_at=now, error=error)
+        return out
+
+    async def cancel(self, job_id: int) -> nj.JobState:
+        row = self._rows.get(job_id)
+        if self.faults.late_cancel_overwrites and row is not None and row.state.final:
+            if row.state is not nj.JobState.CANCELLED:  # P10: a late cancel overwrites the outcome
+                self._move(row, self._q(row.queue), nj.JobState.CANCELLED)
+            return row.state
+        return await nj.MemoryBackend.cancel(self, job_id)
+
+    async def get_job(self, job_id: int) -> nj.Job:
+        job = await nj.MemoryBackend.get_job(self, job_id)
+        if self.faults.wait_misses_recorded and job.state.final and job_id not in self._lied:
+            # P07: the first read of a final job sees it still running, so a receipt waiter on
+            # a job already final waits for a finalization that was recorded before it listened
+            self._lied.add(job_id)
+            return attrs.evolve(job, state=nj.JobState.RUNNING)
+        return job
 
 
 class SqliteHarnessBackend(_Harness, SqliteBackend):
@@ -466,7 +616,7 @@ class Example:
         self.draw = draw or (lambda strategy, label: data.draw(strategy, label=label))
         self.queues: list[QueueSpec] = self.draw(queues_st(cfg), "queues")
         self.audit = TaskAudit()
-        self.world = World(self.queues, self.audit, jitter=cfg.jitter, probe=cfg.probe_submitters)
+        self.world = World(self.queues, self.audit, jitter=cfg.jitter, probe=cfg.probe_submitters, faults=faults)
         self.model = Model(self.queues)
         claim_yields = cfg.claim_yields if cfg.claim_yields is not None else self.draw(BOOLS, "claim_yields")
         crash_at = self.draw(ints(*cfg.crash_at), "crash_at") if cfg.crash else None
@@ -518,11 +668,13 @@ class Example:
         budget: int = self.draw(ints(*cfg.commands), "commands")
         while True:
             grace = self.draw(ints(*cfg.graces), "grace") + 0.25
-            runtime_settings = nj.RuntimeSettings(flush_bound=FLUSH_BOUND, max_waiters=self.max_waiters)
+            runtime_settings = nj.RuntimeSettings(flush_bound=FLUSH_BOUND, max_waiters=self.max_waiters, grace=grace)
+            if self.faults.unbounded_grace:  # P13: no bound on the grace (no valid setting says so)
+                object.__setattr__(runtime_settings, "grace", math.inf)
             final = False
             try:
                 async with nj.open_runtime(
-                    self.world.app, backend=self.backend, grace=grace, settings=runtime_settings, _faults=self.faults
+                    self.world.app, backend=self.backend, settings=runtime_settings
                 ) as rt:
                     self.rt = rt
                     self.model.open()

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from nursery_jobs._faults import Faults
+from tests.properties.faults import Faults
 
 from . import (
     test_p01_containment as p01,

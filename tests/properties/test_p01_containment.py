@@ -12,7 +12,7 @@ Mutant: `Faults(system_task_children=True)` (a job's children are Trio system ta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nursery_jobs._faults import NO_FAULTS, Faults
+from tests.properties.faults import NO_FAULTS, Faults
 
 from .harness import Config, Example, MEMORY, Store, examples
 

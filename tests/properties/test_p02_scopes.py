@@ -13,7 +13,7 @@ Mutant: `Faults(children_in_queue_scope=True)` (children started into the queue'
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nursery_jobs._faults import NO_FAULTS, Faults
+from tests.properties.faults import NO_FAULTS, Faults
 
 from .audit import expect
 from .harness import Config, Example, MEMORY, Store, examples

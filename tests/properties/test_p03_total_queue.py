@@ -12,7 +12,7 @@ Mutant: `Faults(completer_drops_batch=True)` (the completer drops batches of > 1
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nursery_jobs._faults import NO_FAULTS, Faults
+from tests.properties.faults import NO_FAULTS, Faults
 
 from .audit import expect
 from .checks import final_states_match, one_terminal_record_each

@@ -12,7 +12,7 @@ Mutant: `Faults(snooze_counts_attempt=True)` (a snooze spends an attempt).
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nursery_jobs._faults import NO_FAULTS, Faults
+from tests.properties.faults import NO_FAULTS, Faults
 
 from .audit import expect
 from .checks import attempts_match, final_states_match, starts_match

@@ -13,7 +13,7 @@ Mutant: `Faults(invert_priority=True)` (lower priority runs first).
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nursery_jobs._faults import NO_FAULTS, Faults
+from tests.properties.faults import NO_FAULTS, Faults
 
 from .audit import expect
 from .checks import starts_match

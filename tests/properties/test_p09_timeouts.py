@@ -13,7 +13,7 @@ Mutant: `Faults(outcome_from_exception_type=True)` (every cancellation taken for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nursery_jobs._faults import NO_FAULTS, Faults
+from tests.properties.faults import NO_FAULTS, Faults
 
 from .checks import ends_match, errors_match, final_states_match
 from .harness import Config, Example, MEMORY, Store, examples

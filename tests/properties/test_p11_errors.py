@@ -16,7 +16,7 @@ and absorbed).
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nursery_jobs._faults import NO_FAULTS, Faults
+from tests.properties.faults import NO_FAULTS, Faults
 
 from .audit import expect
 from .checks import errors_match, final_states_match

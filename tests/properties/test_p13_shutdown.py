@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import nursery_jobs as nj
-from nursery_jobs._faults import NO_FAULTS, Faults
+from tests.properties.faults import NO_FAULTS, Faults
 
 from .audit import expect
 from .checks import ends_match, final_states_match, one_terminal_record_each

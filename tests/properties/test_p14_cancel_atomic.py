@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import nursery_jobs as nj
-from nursery_jobs._faults import NO_FAULTS, Faults
+from tests.properties.faults import NO_FAULTS, Faults
 
 from .audit import PropertyFailed, expect, fail
 from .harness import Config, Example, FLUSH_BOUND, MEMORY, Store, examples
@@ -48,7 +48,7 @@ class ApiExample(Example):
         self.audit.owner = trio.lowlevel.current_task()
         calls = self.draw(CALLS, "calls")
         settings_ = nj.RuntimeSettings(flush_bound=FLUSH_BOUND, max_waiters=self.max_waiters)
-        async with nj.open_runtime(self.world.app, backend=self.backend, grace=0, settings=settings_, _faults=self.faults) as rt:
+        async with nj.open_runtime(self.world.app, backend=self.backend, grace=0, settings=settings_) as rt:
             self.rt = rt
             await self.settle()
             for i, (op, mode, delay, long_job) in enumerate(calls):

@@ -67,7 +67,8 @@ class _Lock:
 
 class TrioConnection(psycopg.AsyncConnection[Any]):
     """psycopg's `AsyncConnection`, waiting through Trio (see the module doc). Open it with
-    `connect()` (or `TrioConnection.connect`); use it from one task at a time."""
+    `infra.pg.connect` (`AsyncConnection.connect` would reach for asyncio); use it from one task at a
+    time."""
 
     _blocking = False
     _epoll: Any = None
@@ -94,13 +95,8 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
         return self._blocking
 
     @classmethod
-    async def connect(  # type: ignore[override]
-        cls, conninfo: str = "", *, autocommit: bool = False, blocking: bool = False, **kwargs: Any
-    ) -> TrioConnection:
-        """Like `AsyncConnection.connect`, with no asyncio: see `infra.pg.connect.connect`."""
-        from .connect import connect  # the module that connects builds this class: not at import
-
-        return await connect(conninfo, autocommit=autocommit, blocking=blocking, **kwargs)
+    async def connect(cls, *args: Any, **kwargs: Any) -> TrioConnection:
+        raise TypeError("open a TrioConnection with nursery_jobs.infra.pg.connect(): psycopg's would need asyncio")
 
     # -- waiting --
 

@@ -15,22 +15,27 @@ request open and grows without limit while the workers are behind.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import trio
 
-from .errors import ConfigError
-from .jobs import Job, JobState, Receipt
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
+from ..backends import Backend
+from ..errors import ConfigError
+from ..jobs import Job, JobState, Receipt
 
 __all__ = ["Receipts"]
 
 
 class Receipts:
-    def __init__(self, rt: Runtime, max_waiters: int) -> None:
-        self._rt = rt
+    """`wait` for a job's receipt; `on_finalized` is fed the backend's finalization events.
+
+    `poll_for(queue)`: how often a waiter on a job of `queue` reads the row again while it
+    waits, or None for the backend's own `poll_interval` (the queue's setting, in an
+    enqueue-only web process too)."""
+
+    def __init__(self, backend: Backend, max_waiters: int, poll_for: Callable[[str], float | None]) -> None:
+        self._backend = backend
+        self._poll_for = poll_for
         self._max = max_waiters
         self._events: dict[int, trio.Event] = {}
         self._refs: dict[int, int] = {}
@@ -56,13 +61,13 @@ class Receipts:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout < 0:
             raise ConfigError(f"wait timeout must be a finite number of seconds >= 0, not {timeout!r}; every wait is bounded")
         await trio.lowlevel.checkpoint()
-        backend = self._rt.backend
+        backend = self._backend
         event = self._listen(job_id)
         self._refs[job_id] = self._refs.get(job_id, 0) + 1
         queue = None
         try:
             job = await backend.get_job(job_id)
-            if job.state.final and not self._rt.faults.wait_misses_recorded:
+            if job.state.final:
                 return _receipt(job)
             if self._per_queue.get(job.queue, 0) >= self._max:
                 return _receipt(job)
@@ -76,8 +81,8 @@ class Receipts:
             # want to know (an awaited queue polls every 0.1 s), in an enqueue-only web process too.
             poll = math.inf
             if backend.poll_interval is not None:
-                cfg = self._rt.app.queues.get(queue)
-                poll = cfg.poll_interval if cfg is not None and cfg.poll_interval is not None else backend.poll_interval
+                own = self._poll_for(queue)
+                poll = own if own is not None else backend.poll_interval
             while True:
                 with trio.move_on_at(min(deadline, trio.current_time() + poll)):
                     await event.wait()

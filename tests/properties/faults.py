@@ -1,10 +1,13 @@
-"""Planted faults for the property suite's mutants. Only `tests/` ever sets one.
+"""Planted faults for the property suite's mutants: named bugs, each proven to turn its property red.
 
-Each flag turns on one named bug, the mutant of one property of the suite in
-`tests/properties/` (each `test_pNN_*.py` states its property and sets its `MUTANT`);
-`tests/properties/test_mutants.py` proves that the property guarding it goes red. A property that
-no mutant can turn red is a toy: it would pass whatever the code did.
-Production code reads these flags only at the few places the bugs would live.
+Each flag turns on one named bug from the mutant column of the property table (the module
+docstrings of `tests/properties/test_p*.py`); `test_mutants.py` proves that the property guarding
+it goes red. A property that no mutant can turn red is a toy.
+
+None of them lives in the library: the harness plants each one through a seam the library
+offers anyway -- a backend wrapping the memory backend (`harness.HarnessBackend`), the app the
+harness declares (a queue one worker larger, a retry policy with its own randomness, middleware
+around the attempt), or the settings it passes -- so production code reads no fault flag.
 """
 
 from __future__ import annotations

@@ -37,11 +37,10 @@ from typing import Protocol, Sequence
 
 import trio
 
-from ._faults import Faults
-from .backends import Backend, Outcome, OutcomeKind
-from .errors import BackendUnavailable
-from .infra.sync import Wakeup
-from .jobs import JobError, clean_text, describe_exception
+from ..backends import Backend, Outcome, OutcomeKind
+from ..errors import BackendUnavailable
+from ..infra.sync import Wakeup
+from ..jobs import JobError, clean_text, describe_exception
 
 __all__ = ["Completer"]
 
@@ -58,9 +57,8 @@ class OutcomeOwner(Protocol):
 
 
 class Completer:
-    def __init__(self, backend: Backend, faults: Faults) -> None:
+    def __init__(self, backend: Backend) -> None:
         self._backend = backend
-        self._faults = faults
         self._pending: list[Outcome] = []
         self._owners: list[OutcomeOwner | None] = []
         """Parallel to `_pending`: whom to tell when each outcome is written."""
@@ -114,8 +112,6 @@ class Completer:
         self._event.set()
 
     async def _write(self, batch: Sequence[Outcome]) -> None:
-        if self._faults.completer_drops_batch and len(batch) > 1:
-            return
         try:
             await self._backend.finish_many(batch)
         except BackendUnavailable:

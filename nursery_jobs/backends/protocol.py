@@ -1,0 +1,284 @@
+"""The backend protocol: what the runtime asks of storage, split by capability.
+
+The runtime never touches storage but through these protocols, so a behaviour written once in
+`tests/conformance/` and `tests/contract/` holds on every backend. The calls are shaped for
+durable stores from the start: everything that can be a batch is a batch (claim k jobs, finish k
+outcomes, insert k jobs), every state change a worker writes carries the attempt number it was
+claimed with (a fencing token: a late worker can never overwrite a job that moved on), and
+wake-ups flow from the backend to the runtime as events rather than being polled for.
+
+Capabilities:
+
+- `JobStore`: the jobs themselves (insert, claim, finish, heartbeat, rescue, cancel, retention,
+  reads). What a job's row becomes at each call is decided by `backends.transitions`: a store
+  applies those rules, it does not make its own.
+- `Notifier`: events to the runtime (`JobsAvailable`, `JobFinalized`, `CancelRequested`), and
+  the backend's own background service.
+- `Backend` = both: what `open_runtime` needs.
+- `TransactionalEnqueue`: enqueue inside the caller's own database transaction (PostgreSQL).
+- Coming capabilities (per-key leases, locks, the outbox, admin queries for the CLI and the
+  dashboard) are protocols of their own beside these, so a backend without them still works
+  and says so by not implementing them.
+
+Events are delivered to every listener, in order, synchronously, without blocking the backend.
+An event that comes from outside the process (a PostgreSQL notification, an SQLite wake-up
+datagram) is only a hint: a `JobsAvailable` causes a claim, a `JobFinalized` a re-read of the
+job, a `CancelRequested(verified=False)` a re-read of its row; none of them changes a job by
+itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence, Union, runtime_checkable
+
+import attrs
+import trio
+
+from ..jobs import Job, JobError, JobState
+from .transitions import OutcomeKind
+
+__all__ = [
+    "Backend",
+    "BackendEvent",
+    "CancelRequested",
+    "ClaimResult",
+    "ClaimedJob",
+    "HeartbeatResult",
+    "InsertResult",
+    "JobFinalized",
+    "JobStore",
+    "JobsAvailable",
+    "Listener",
+    "NewJob",
+    "Notifier",
+    "Outcome",
+    "OutcomeKind",
+    "QueueCounts",
+    "TransactionalEnqueue",
+]
+
+
+class NewJob(NamedTuple):  # a tuple: built once per job on the hot path, 3x cheaper than attrs
+    kind: str
+    queue: str
+    args_json: str
+    priority: int
+    run_at: float | None
+    """None: available now (the backend's clock decides `now`)."""
+    max_attempts: int
+    unique_key: str | None = None
+
+
+class InsertResult(NamedTuple):  # a tuple: built once per job on the hot path, 3x cheaper than attrs
+    id: int
+    existing: bool
+    """True when `unique_key` matched a job that is not final yet: no new job was made."""
+
+
+class ClaimedJob(NamedTuple):  # a tuple: built once per job on the hot path, 3x cheaper than attrs
+    id: int
+    kind: str
+    queue: str
+    args_json: str
+    attempt: int
+    max_attempts: int
+    priority: int
+
+
+@attrs.frozen
+class ClaimResult:
+    jobs: list[ClaimedJob]
+    next_due: float | None
+    """The earliest `run_at` of a job of this queue that is not due yet, if the backend knows it."""
+
+
+class Outcome(NamedTuple):  # a tuple: built once per job on the hot path, 3x cheaper than attrs
+    job_id: int
+    attempt: int
+    kind: OutcomeKind
+    run_at: float | None = None
+    """For RETRY and SNOOZE: when to run again, on the backend's clock."""
+    error: JobError | None = None
+
+
+@attrs.define
+class HeartbeatResult:
+    lost: list[tuple[int, int]]
+    """(job id, attempt) pairs this worker no longer owns: rescued, or finished elsewhere."""
+    cancel: list[int]
+    """Jobs whose cancellation was requested (from any process)."""
+
+
+@attrs.frozen
+class QueueCounts:
+    available: int = 0
+    scheduled: int = 0
+    running: int = 0
+    retryable: int = 0
+    completed: int = 0
+    discarded: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    """Attempts that ended in an error or a timeout, over the jobs the backend still keeps."""
+    interrupted: int = 0
+    """Attempts given back because a shutdown cut them."""
+
+
+class JobsAvailable(NamedTuple):
+    queue: str | None
+    """None: any queue may have work (e.g. after a lost connection to the wake-up source)."""
+    due: float | None = None
+    """None: due now. Otherwise the earliest `run_at` among the jobs this event is about."""
+
+
+class CancelRequested(NamedTuple):
+    job_id: int
+    verified: bool = True
+    """False when it only says "someone asked" (a PostgreSQL notification, which any session
+    that can connect may send, with no privilege check): the runtime then reads the job's row
+    (`heartbeat`) and cancels only if the table says so. A notification is a hint to re-read,
+    never an authority."""
+
+
+class JobFinalized(NamedTuple):
+    job_id: int
+    state: JobState | None
+    """None when the event came from another process and only says "final now"."""
+    error: str | None = None
+
+
+BackendEvent = Union[JobsAvailable, CancelRequested, JobFinalized]
+Listener = Callable[[BackendEvent], None]
+
+
+
+@runtime_checkable
+class JobStore(Protocol):
+    """The jobs. Every method is a Trio checkpoint unless `atomic`, and bounded by the backend's
+    own timeouts (statement and outage timeouts on durable backends)."""
+
+    url: str
+    """Where the jobs are, with any password redacted: safe for logs."""
+    poll_interval: float | None
+    """Fallback fetch period when the backend cannot push every wake-up to other processes
+    (None: it can, or there are none)."""
+    atomic: bool
+    """True if no call ever yields to other tasks (memory): a call cannot be cut in half by a
+    cancellation, so callers need not shield it."""
+
+    def now(self) -> float:
+        """The backend's clock, in seconds: every `run_at`, heartbeat and cutoff is on it."""
+        ...
+
+    async def open(self) -> None:
+        """Make the backend usable (connect, check the schema). Idempotent."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections and files. Idempotent; a closed backend may be opened again."""
+        ...
+
+    def check_budget(self, workers: int) -> None:
+        """`ConfigError` if `workers` pool-using workers (plus the runtime's own needs) would
+        exceed this backend's connection budget. Called before `open`."""
+        ...
+
+    async def insert_many(self, jobs: Sequence[NewJob]) -> list[InsertResult]:
+        """Add `jobs`, in order, in one transaction: all or none.
+
+        A job whose `unique_key` is held by a job that is not final adds nothing and gets the
+        holder's id with `existing=True` (a key twice in one batch: the first job's id twice).
+        A job with no `run_at`, or one not after `now()`, is `available`; otherwise `scheduled`.
+        Returns one result per job, in order. Emits `JobsAvailable(queue)` per queue with a job
+        due now and `JobsAvailable(queue, due)` with the earliest `run_at` per queue with later
+        ones, after the transaction committed. Not retried on a lost connection (the outcome is
+        unknown): `BackendUnavailable` says so."""
+        ...
+
+    async def claim(self, queue: str, limit: int) -> ClaimResult:
+        """Move up to `limit` due jobs of `queue` to `running`, highest priority first, then
+        oldest `run_at`, then lowest id (a scheduled or retryable job whose `run_at` has come is
+        due), count an attempt on each, start its heartbeat, and return them in that order,
+        with the earliest `run_at` of the queue's jobs not due yet. Atomic: concurrent claims
+        (any process) never return the same job. Emits nothing."""
+        ...
+
+    async def finish_many(self, outcomes: Sequence[Outcome]) -> None:
+        """End attempts: each outcome changes its job's row as `transitions.after_outcome`
+        decides, and only if the job is still `running` under the outcome's attempt (a stale
+        outcome is ignored). The error, if any, is appended (the latest `MAX_ERRORS_KEPT`
+        kept). One transaction for the batch. Emits `JobFinalized(id, state, last error)` per job
+        made final and `JobsAvailable` per job that may run again (with its `run_at` if later).
+        Any exception but `BackendUnavailable` means the backend refused this batch's content:
+        the completer isolates the outcome it cannot store and writes the others."""
+        ...
+
+    async def cancel(self, job_id: int) -> JobState:
+        """`transitions.on_cancel`: a pending job is cancelled now (emits `JobFinalized`), a
+        running one has its request recorded (emits `CancelRequested` the first time only), a
+        final one is left alone. Returns the job's state after the call (RUNNING when a request
+        was recorded). Raises `JobNotFound`."""
+        ...
+
+    async def heartbeat(self, running: Sequence[tuple[int, int]]) -> HeartbeatResult:
+        """Renew the heartbeat of each (job id, attempt) still `running` under that attempt.
+        Reports the pairs that are not (lost: rescued, finished elsewhere, deleted) and the ids
+        whose cancellation was requested. Emits nothing. Safe to repeat."""
+        ...
+
+    async def rescue(self, stale_before: float) -> list[int]:
+        """Every `running` job whose heartbeat is older than `stale_before`, or missing, ends
+        its attempt as `transitions.after_rescue` decides (the attempt counts as failed; a job
+        with no attempt left is discarded, one whose cancellation was requested is cancelled),
+        with an error saying so. Returns the rescued ids, ascending. Emits `JobsAvailable` /
+        `JobFinalized` for them. Concurrent rescues (any process) never rescue a job twice."""
+        ...
+
+    async def delete_finished(self, before: Mapping[JobState, float], limit: int) -> int:
+        """Retention: delete at most `limit` final jobs of the states in `before`, each finalized
+        before its state's cutoff, oldest first; returns how many (the caller calls again while
+        it is `limit`, so no single call is a long sweep). Emits nothing."""
+        ...
+
+    async def get_job(self, job_id: int) -> Job:
+        """A snapshot of one job. A row the backend cannot read is set aside or repaired
+        (`backends.rows`), never raised. Raises `JobNotFound`."""
+        ...
+
+    async def stats(self) -> Mapping[str, QueueCounts]:
+        """Per queue: jobs by state, failed and interrupted attempts, over the jobs kept."""
+        ...
+
+
+@runtime_checkable
+class Notifier(Protocol):
+    """Events from the backend to the runtime, and the backend's own background service."""
+
+    def add_listener(self, listener: Listener) -> None:
+        """Deliver every later event to `listener` (synchronously, in order)."""
+        ...
+
+    def remove_listener(self, listener: Listener) -> None: ...
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The backend's own background work (PostgreSQL: the LISTEN connection; SQLite: its
+        wake-up socket), run by the runtime as a service until cancelled. Reports started when
+        wake-ups from other processes flow (or when it gave up for now: polling covers it)."""
+        ...
+
+
+@runtime_checkable
+class Backend(JobStore, Notifier, Protocol):
+    """What `open_runtime` needs: a job store that notifies."""
+
+
+@runtime_checkable
+class TransactionalEnqueue(Protocol):
+    """Enqueue inside the caller's own transaction, on the caller's own connection."""
+
+    def insert_sql(self, job: NewJob, now: float) -> tuple[Any, tuple[Any, ...]]:
+        """The statement and parameters that insert `job` and queue its wake-up, to run on the
+        caller's connection inside its transaction: the job exists, and its wake-up is sent,
+        only if that transaction commits. Returns one row (the id), or none when `unique_key`
+        is held by a pending job."""
+        ...

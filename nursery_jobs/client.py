@@ -1,0 +1,226 @@
+"""`Client`: enqueue, read, wait for and cancel jobs; the part of a runtime a request handler uses.
+
+A client needs an app (to know the kinds), a backend and the receipt waiters; it runs no queue
+and owns no task, so it is usable as it is in a process that only enqueues. `Runtime` is a client
+with a lifecycle: `open_runtime` builds one, and also runs the queues and services.
+
+Every method is a Trio checkpoint, every wait in it is bounded, and the ones that change
+something are cancel-atomic: if the caller is cancelled, the job was not enqueued (or not
+cancelled); if the call returns, it happened exactly once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+import attrs
+import trio
+
+from .app import App, EnqueueOptions, JobKind
+from .backends import Backend, NewJob, QueueCounts, TransactionalEnqueue
+from .coordination.receipts import Receipts
+from .errors import ConfigError, RuntimeClosed
+from .infra.threads import ThreadBudget, run_sync_io
+from .jobs import Job, JobId, JobState, Receipt, _ExistingJobId, check_job_id
+
+__all__ = ["Client", "QueueStats"]
+
+
+@attrs.frozen
+class QueueStats:
+    """One queue, as `Runtime.stats` reports it.
+
+    `running` counts attempts in progress in the backend (all processes); `queued` is available
+    + scheduled + retryable; `failed` counts attempts that ended in an error or a timeout;
+    `interrupted` counts attempts a shutdown gave back.
+    """
+
+    name: str
+    max_workers: int
+    running: int
+    queued: int
+    available: int
+    scheduled: int
+    retryable: int
+    completed: int
+    discarded: int
+    cancelled: int
+    failed: int
+    interrupted: int
+
+
+class Client:
+    """Enqueue, get, wait for and cancel jobs, and read per-queue counts."""
+
+    def __init__(self, app: App, backend: Backend, receipts: Receipts, threads: ThreadBudget) -> None:
+        self.app = app
+        self.backend = backend
+        self.receipts = receipts
+        self.threads = threads
+        """`run_blocking`'s threads in this runtime (its limiter and the calls in flight)."""
+        self.closing = False
+        """True once shutdown began: no new job is accepted."""
+
+    # -- enqueue --
+
+    def now(self) -> float:
+        return self.backend.now()
+
+    def _check_open(self) -> None:
+        if self.closing:
+            raise RuntimeClosed(
+                "the runtime is shutting down and accepts no new jobs; enqueue before shutdown "
+                "begins, or from the next run of the service"
+            )
+
+    def _kind(self, kind: str | JobKind[Any, Any]) -> JobKind[Any, Any]:
+        return kind if isinstance(kind, JobKind) else self.app.kind(kind)
+
+    async def insert(self, jobs: Sequence[NewJob]) -> list[JobId]:
+        """Store jobs built by `JobKind.new_job` in one backend call (cancel-atomic)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        if not jobs:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return []
+        results = await self.backend.insert_many(jobs)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return [_ExistingJobId(i) if existing else JobId(i) for i, existing in results]
+
+    async def enqueue(
+        self,
+        kind: str | JobKind[Any, Any],
+        args: Mapping[str, Any] | None = None,
+        *,
+        delay: float | None = None,
+        run_at: float | None = None,
+        priority: int | None = None,
+        unique_key: str | None = None,
+    ) -> JobId:
+        """Enqueue one job of `kind` (a name or the kind itself) with keyword arguments `args`;
+        returns its id (a `JobId`, an int whose `.existing` is True when `unique_key` matched a
+        pending job).
+
+        `delay` (seconds) or `run_at` (backend clock) schedule it for later; higher `priority`
+        runs first (default: the kind's); with `unique_key`, while a job with that key is not
+        final, the existing job's id is returned and no job is added. Raises UnknownJob,
+        ArgsError, ConfigError, or RuntimeClosed once shutdown began. Cancel-atomic: if the
+        caller is cancelled, the job was not enqueued.
+        """
+        job_kind = self._kind(kind)
+        opts = EnqueueOptions(delay=delay, run_at=run_at, priority=priority, unique_key=unique_key)
+        return (await self.insert([job_kind.new_job(args or {}, opts, self.now())]))[0]
+
+    async def enqueue_many(
+        self,
+        kind: str | JobKind[Any, Any],
+        many: Iterable[Mapping[str, Any]],
+        *,
+        delay: float | None = None,
+        run_at: float | None = None,
+        priority: int | None = None,
+    ) -> list[JobId]:
+        """Enqueue one job of `kind` per mapping in `many`, in one backend call; returns the ids
+        in order. Every job is validated first: one bad mapping rejects the whole batch. A kind
+        with a `unique` function gives each job its own key."""
+        job_kind = self._kind(kind)
+        opts = EnqueueOptions(delay=delay, run_at=run_at, priority=priority)
+        return await self.insert(job_kind.new_jobs(many, opts, self.now()))
+
+    async def enqueue_tx(
+        self,
+        conn: Any,
+        kind: str | JobKind[Any, Any],
+        args: Mapping[str, Any] | None = None,
+        *,
+        delay: float | None = None,
+        run_at: float | None = None,
+        priority: int | None = None,
+        unique_key: str | None = None,
+    ) -> JobId:
+        """Enqueue inside the caller's own open transaction on `conn` (PostgreSQL backend only).
+
+        `conn` is a psycopg `Connection` (run on a thread) or `AsyncConnection` (run through
+        trio-asyncio). The job exists only if that transaction commits, and its wake-up is sent
+        at the commit: a rolled-back request leaves no job behind, a committed one always runs.
+        The runtime never commits or rolls back `conn`.
+        """
+        backend = self.backend
+        if not isinstance(backend, TransactionalEnqueue):
+            raise ConfigError(f"enqueue_tx needs the PostgreSQL backend (this runtime uses {backend.url}); use enqueue")
+        job_kind = self._kind(kind)
+        opts = EnqueueOptions(delay=delay, run_at=run_at, priority=priority, unique_key=unique_key)
+        new = job_kind.new_job(args or {}, opts, self.now())
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        query, params = backend.insert_sql(new, self.now())
+        if hasattr(conn, "__aenter__"):  # psycopg.AsyncConnection
+            from .infra.aio import call_asyncio, loop_running
+
+            if not loop_running():
+                raise ConfigError(
+                    "enqueue_tx with an async psycopg connection needs a trio-asyncio loop: open one "
+                    "with `async with trio_asyncio.open_loop():` around your code, or pass a sync Connection"
+                )
+
+            async def execute() -> Any:
+                cur = await conn.execute(query, params)
+                return await cur.fetchone()
+
+            row = await call_asyncio(execute)
+        else:
+            row = await run_sync_io(lambda: conn.execute(query, params).fetchone(), limiter=self.threads.limiter)
+        if row is None:
+            raise ConfigError(
+                f"unique_key {new.unique_key!r} is held by a pending job; enqueue_tx does not look it up "
+                "inside your transaction: use enqueue for unique jobs"
+            )
+        return JobId.of(row[0])
+
+    # -- read, wait, cancel --
+
+    async def get_job(self, job_id: int) -> Job:
+        """A snapshot of the job. Raises JobNotFound."""
+        await trio.lowlevel.checkpoint()
+        return await self.backend.get_job(check_job_id(job_id))
+
+    async def wait(self, job_id: int, *, timeout: float) -> Receipt:
+        """Wait at most `timeout` seconds for the job to reach a final state.
+
+        Returns a Receipt: `done` tells whether it did. Never raises for a slow job; when
+        `max_waiters` receipts are already awaited in its queue, answers at once. Raises
+        JobNotFound for an unknown id.
+        """
+        return await self.receipts.wait(check_job_id(job_id), timeout)
+
+    async def cancel(self, job_id: int) -> JobState:
+        """Cancel a job: a pending one is cancelled at once; a running one has its attempt's
+        scope cancelled (wherever it runs) and ends as cancelled when its handler unwinds; a
+        final one is left alone. Idempotent. Returns the job's state right after the request."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        state = await self.backend.cancel(check_job_id(job_id))
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return state
+
+    async def stats(self) -> dict[str, QueueStats]:
+        """Per queue of the app: its worker limit and its jobs by state."""
+        await trio.lowlevel.checkpoint()
+        counts = await self.backend.stats()
+        out: dict[str, QueueStats] = {}
+        for name, cfg in sorted(self.app.queues.items()):
+            c = counts.get(name, QueueCounts())
+            out[name] = QueueStats(
+                name=name,
+                max_workers=cfg.max_workers,
+                running=c.running,
+                queued=c.available + c.scheduled + c.retryable,
+                available=c.available,
+                scheduled=c.scheduled,
+                retryable=c.retryable,
+                completed=c.completed,
+                discarded=c.discarded,
+                cancelled=c.cancelled,
+                failed=c.failed,
+                interrupted=c.interrupted,
+            )
+        return out

@@ -1,0 +1,213 @@
+"""One attempt of one job: its scope, its handler chain, and the outcome it ends with.
+
+An attempt runs inside exactly one `trio.CancelScope` whose deadline is the job's timeout.
+Shutdown, a remote cancel and a lost claim cancel the same scope after writing their *reason* on
+the attempt, so the outcome is decided by which cause fired, not by the exception type the
+handler let out: a reason of "cancel" gives cancelled, "shutdown" and "lost" give interrupted
+(the attempt is given back), no reason with the scope cancelled means the deadline passed (a
+failure, "timed out after N s"). One scope per attempt keeps the per-job cost low.
+
+The call itself is a `KindRunner`, built once per job kind at start-up: the handler, or the
+handler wrapped by the asyncio bridge, wrapped by the app's middleware chain (`async def
+mw(ctx, call_next)`, outermost first). With no middleware it is the same single direct call
+as a bare ``await fn(ctx, **args)``: the chain costs nothing until someone plugs into it. What an
+attempt's end means for the job (retry or discard, the backoff) is decided by `decide`, with the
+job rules of `backends.transitions`.
+
+Nothing here writes: the executor hands `decide`'s outcome to the completer.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import random
+from typing import Any, Awaitable, Callable, Iterator, NamedTuple
+
+import trio
+
+from ..app import JobKind, Middleware
+from ..backends import ClaimedJob, Outcome, OutcomeKind
+from ..backends.transitions import on_failure
+from ..config import RetryPolicy
+from ..jobs import Discard, JobContext, JobError, Snooze, clean_text, describe_exception, format_traceback
+
+__all__ = ["Attempt", "AttemptRegistry", "KindRunner", "Middleware", "decide", "process_exit"]
+
+_CANCEL_TAKES_REASON = "reason" in inspect.signature(trio.CancelScope.cancel).parameters
+_REASON_TEXT = {
+    "shutdown": "nursery_jobs: the runtime is shutting down and the grace period is over",
+    "cancel": "nursery_jobs: the job was cancelled",
+    "lost": "nursery_jobs: this worker lost the job (its claim expired or it was rescued elsewhere)",
+}
+
+
+class Attempt:
+    """A running attempt: its job, its scope and, once someone cancels it, why."""
+
+    __slots__ = ("job", "scope", "reason", "queue", "_children")
+
+    def __init__(self, job: ClaimedJob, scope: trio.CancelScope, children: Callable[[ClaimedJob], Any]) -> None:
+        self.job = job
+        self.scope = scope
+        self.queue = job.queue
+        self.reason: str | None = None
+        self._children = children
+
+    def open_children(self) -> Any:
+        return self._children(self.job)
+
+    def cancel(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+        # The reason also reaches the handler: Cancelled's text and ctx.cancel_reason name it.
+        if _CANCEL_TAKES_REASON:
+            self.scope.cancel(reason=_REASON_TEXT.get(self.reason, self.reason))
+        else:  # pragma: no cover - trio < 0.31 has no cancel reasons
+            self.scope.cancel()
+
+
+class AttemptRegistry:
+    """The attempts running in this runtime, by job id: what heartbeats renew, what a cancel
+    request or a lost claim cancels, what shutdown interrupts."""
+
+    __slots__ = ("_by_id",)
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, Attempt] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._by_id)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._by_id
+
+    def get(self, job_id: int) -> Attempt | None:
+        return self._by_id.get(job_id)
+
+    def values(self) -> list[Attempt]:
+        return list(self._by_id.values())
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """(job id, attempt) of every running attempt."""
+        return [(a.job.id, a.job.attempt) for a in self._by_id.values()]
+
+    def begin(self, attempt: Attempt) -> None:
+        stale = self._by_id.get(attempt.job.id)
+        if stale is not None:
+            # The backend gave this job out again, so the older attempt lost it (rescued
+            # while it still ran here): it must stop now, not run beside the new one.
+            stale.cancel("lost")
+        self._by_id[attempt.job.id] = attempt
+
+    def end(self, attempt: Attempt) -> None:
+        if self._by_id.get(attempt.job.id) is attempt:
+            del self._by_id[attempt.job.id]
+
+    def cancel(self, reason: str, queue: str | None = None) -> None:
+        for attempt in list(self._by_id.values()):
+            if queue is None or attempt.queue == queue:
+                attempt.cancel(reason)
+
+
+class KindRunner(NamedTuple):
+    """What an attempt of one kind needs, built once at start-up."""
+
+    kind: JobKind[Any, Any]
+    timeout: float | None
+    retry: RetryPolicy
+    call: Callable[[JobContext, dict[str, Any]], Awaitable[Any]]
+    """The handler chain: ``await call(ctx, args)`` runs one attempt's code."""
+
+    @staticmethod
+    def build(kind: JobKind[Any, Any], timeout: float | None, retry: RetryPolicy, middleware: list[Middleware]) -> KindRunner:
+        fn = kind.fn
+        call: Callable[[JobContext, dict[str, Any]], Awaitable[Any]]
+        if kind.asyncio:
+
+            async def bridged(ctx: JobContext, args: dict[str, Any]) -> Any:
+                from ..infra.aio import call_asyncio  # only a runtime with an asyncio kind loads it
+
+                return await call_asyncio(fn, ctx, **args)
+
+            call = bridged
+        else:
+
+            def direct(ctx: JobContext, args: dict[str, Any]) -> Awaitable[Any]:
+                return fn(ctx, **args)  # the coroutine itself: no frame of our own per attempt
+
+            call = direct
+        for mw in reversed(middleware):
+            call = _wrap(mw, call)
+        return KindRunner(kind, timeout, retry, call)
+
+
+def _wrap(mw: Middleware, inner: Callable[[JobContext, dict[str, Any]], Awaitable[Any]]) -> Callable[[JobContext, dict[str, Any]], Awaitable[Any]]:
+    async def call(ctx: JobContext, args: dict[str, Any]) -> Any:
+        async def call_next(next_ctx: JobContext) -> Any:
+            return await inner(next_ctx, next_ctx.args)
+
+        return await mw(ctx, call_next)
+
+    return call
+
+
+def process_exit(exc: BaseException) -> BaseException | None:
+    """The `SystemExit` or `KeyboardInterrupt` in `exc` (itself, or in an exception group from
+    `ctx.children()`), or None."""
+    if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        group, _ = exc.split((SystemExit, KeyboardInterrupt))
+        found: BaseException | None = group
+        while isinstance(found, BaseExceptionGroup):
+            found = found.exceptions[0]
+        return found
+    return None
+
+
+def decide(
+    job: ClaimedJob,
+    runner: KindRunner,
+    attempt: Attempt,
+    error: BaseException | None,
+    now: float,
+    rng: random.Random,
+) -> Outcome:
+    """The outcome of an attempt that did not simply complete: which scope fired, what the
+    handler raised, and the failure rule (`on_failure`, with the kind's backoff)."""
+    if error is not None and not isinstance(error, Exception):
+        # The handler asked the process to exit: the attempt counts as failed (a job that
+        # always exits is bounded by max_attempts like any failure); the executor then asks
+        # the runtime to shut down and raise it.
+        leaf = process_exit(error)
+        assert leaf is not None
+        message = f"{describe_exception(leaf)} (the handler made the process exit; the attempt counts as failed)"
+        return _failure(job, runner, clean_text(message), format_traceback(error), now, rng)
+    if attempt.scope.cancel_called:
+        # Which scope fired decides, even if the handler swallowed the Cancelled and returned:
+        # a timed-out attempt is a timeout, a shutdown-cut one is given back.
+        reason = attempt.reason
+        if reason == "cancel":
+            return Outcome(job.id, job.attempt, OutcomeKind.CANCELLED)
+        if reason == "shutdown" or reason == "lost":
+            return Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED)
+        timeout = runner.timeout if runner.timeout is not None else math.inf
+        return _failure(job, runner, f"timed out after {timeout:g} s", None, now, rng)
+    if error is None:
+        return Outcome(job.id, job.attempt, OutcomeKind.COMPLETED)
+    if isinstance(error, Snooze):
+        return Outcome(job.id, job.attempt, OutcomeKind.SNOOZE, now + error.seconds)
+    if isinstance(error, Discard):
+        return Outcome(job.id, job.attempt, OutcomeKind.DISCARD, None, JobError(job.attempt, now, clean_text(error.reason)))
+    return _failure(job, runner, clean_text(describe_exception(error)), format_traceback(error), now, rng)
+
+
+def _failure(job: ClaimedJob, runner: KindRunner, message: str, tb: str | None, now: float, rng: random.Random) -> Outcome:
+    error = JobError(job.attempt, now, message, tb)
+    if on_failure(attempt=job.attempt, max_attempts=job.max_attempts) is OutcomeKind.DISCARD:
+        return Outcome(job.id, job.attempt, OutcomeKind.DISCARD, None, error)
+    return Outcome(job.id, job.attempt, OutcomeKind.RETRY, now + runner.retry.delay(job.attempt, rng), error)
