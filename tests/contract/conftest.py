@@ -7,4 +7,4 @@ method, and compares the row, the counts and the events with what the rules say.
 done when both suites pass on it.
 """
 
-from tests.conformance.conftest import autojump_clock, backend_name, make_backend  # noqa: F401
+from tests.registry import autojump_clock, backend_name, damage, make_backend, store, test_backend  # noqa: F401
