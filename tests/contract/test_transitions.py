@@ -8,9 +8,7 @@ expectation for every backend at once, and a backend that stores something else 
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -19,38 +17,9 @@ import trio
 import nursery_jobs as nj
 from nursery_jobs.backends import CancelRequested, JobFinalized, JobsAvailable, NewJob, Outcome, OutcomeKind
 from nursery_jobs.backends.transitions import CancelAction, after_outcome, after_rescue, on_cancel
+from nursery_jobs.jobs import MAX_ERRORS_KEPT
 
-Q = "q"
-
-
-def _new(max_attempts: int = 5, delay: float | None = None, now: float = 0.0) -> NewJob:
-    return NewJob("work", Q, "{}", 0, None if delay is None else now + delay, max_attempts)
-
-
-@contextlib.asynccontextmanager
-async def opened(make_backend: Callable[[], nj.Backend]) -> AsyncIterator[nj.Backend]:
-    backend = make_backend()
-    await backend.open()
-    try:
-        yield backend
-    finally:
-        await backend.close()
-
-
-async def _running(backend: nj.Backend, *, cancel_requested: bool = False, max_attempts: int = 5) -> tuple[int, int]:
-    """A job running its first attempt (optionally with a cancel request); (id, attempt)."""
-    (res,) = await backend.insert_many([_new(max_attempts)])
-    (job,) = (await backend.claim(Q, 1)).jobs
-    assert job.id == res.id and job.attempt == 1
-    if cancel_requested:
-        assert await backend.cancel(job.id) is nj.JobState.RUNNING
-    return job.id, job.attempt
-
-
-async def _counts(backend: nj.Backend) -> tuple[int, int]:
-    c = (await backend.stats()).get(Q)
-    return (0, 0) if c is None else (c.failed, c.interrupted)
-
+from .common import NOT_RUNNING, STARTS, Q, counts as _counts, in_state as _in_state, new as _new, opened, running as _running
 
 COMBOS = list(itertools.product(OutcomeKind, [False, True], [False, True], [0.0, 30.0]))
 
@@ -137,27 +106,6 @@ async def test_rescue_stores_what_the_rules_decide(make_backend, autojump_clock,
         assert JobsAvailable(Q) in events
 
 
-STARTS = ["available", "scheduled", "running", "running-requested", "retryable", "completed", "discarded", "cancelled"]
-
-
-async def _in_state(backend: nj.Backend, start: str) -> int:
-    now = backend.now()
-    if start == "available":
-        return (await backend.insert_many([_new()]))[0].id
-    if start == "scheduled":
-        return (await backend.insert_many([_new(delay=100, now=now)]))[0].id
-    job_id, attempt = await _running(backend, cancel_requested=start == "running-requested")
-    finish = {
-        "retryable": Outcome(job_id, attempt, OutcomeKind.RETRY, now + 100, nj.JobError(1, now, "x")),
-        "completed": Outcome(job_id, attempt, OutcomeKind.COMPLETED),
-        "discarded": Outcome(job_id, attempt, OutcomeKind.DISCARD, None, nj.JobError(1, now, "x")),
-        "cancelled": Outcome(job_id, attempt, OutcomeKind.CANCELLED),
-    }.get(start)
-    if finish is not None:
-        await backend.finish_many([finish])
-    return job_id
-
-
 @pytest.mark.parametrize("start", STARTS)
 async def test_cancel_does_what_the_rules_say_in_every_state(make_backend, autojump_clock, start: str) -> None:
     async with opened(make_backend) as backend:
@@ -197,3 +145,47 @@ async def test_heartbeat_renews_only_running_attempts_and_reports_the_rest(make_
         assert rescued == []  # renewed at the heartbeat, within the cutoff
     else:
         assert sorted(result.lost) == [(job_id, attempt), (job_id, attempt + 1)] and result.cancel == []
+
+
+@pytest.mark.parametrize(
+    "kind, start", list(itertools.product(OutcomeKind, NOT_RUNNING)), ids=lambda v: getattr(v, "value", v)
+)
+async def test_finish_leaves_a_row_that_is_not_running_as_it_is(make_backend, autojump_clock, kind, start: str) -> None:
+    """The fence: an outcome for a row that moved on (rescued and finished elsewhere, cancelled,
+    snoozed) changes nothing, whatever its attempt number, and emits nothing."""
+    async with opened(make_backend) as backend:
+        job_id = await _in_state(backend, start)
+        before = await backend.get_job(job_id)
+        stats_before = await backend.stats()
+        events: list[Any] = []
+        backend.add_listener(events.append)
+        now = backend.now()
+        error = nj.JobError(1, now, "late")
+        await backend.finish_many([Outcome(job_id, a, kind, now + 5, error) for a in {before.attempt, 1}])
+        assert await backend.get_job(job_id) == before
+        assert await backend.stats() == stats_before
+        assert events == []
+
+
+async def test_finish_writes_a_batch_per_job_and_keeps_the_latest_errors(make_backend, autojump_clock) -> None:
+    async with opened(make_backend) as backend:
+        a, b, c = (r.id for r in await backend.insert_many([_new(50), _new(50), _new(50)]))
+        claimed = (await backend.claim(Q, 3)).jobs
+        assert [j.id for j in claimed] == [a, b, c]
+        now = backend.now()
+        await backend.finish_many(
+            [
+                Outcome(a, 1, OutcomeKind.COMPLETED),
+                Outcome(b, 1, OutcomeKind.RETRY, now, nj.JobError(1, now, "b failed")),
+                Outcome(c, 1, OutcomeKind.DISCARD, None, nj.JobError(1, now, "c discarded")),
+            ]
+        )
+        states = [(await backend.get_job(i)).state for i in (a, b, c)]
+        assert states == [nj.JobState.COMPLETED, nj.JobState.AVAILABLE, nj.JobState.DISCARDED]
+        # b fails again and again: only the latest MAX_ERRORS_KEPT errors are kept, in order
+        for attempt in range(2, MAX_ERRORS_KEPT + 4):
+            (job,) = (await backend.claim(Q, 1)).jobs
+            assert (job.id, job.attempt) == (b, attempt)
+            await backend.finish_many([Outcome(b, attempt, OutcomeKind.RETRY, None, nj.JobError(attempt, now, f"b{attempt}"))])
+        kept = (await backend.get_job(b)).errors
+    assert [e.message for e in kept] == [f"b{n}" for n in range(4, MAX_ERRORS_KEPT + 4)]
