@@ -21,19 +21,21 @@ from nursery_jobs.jobs import MAX_ERRORS_KEPT
 
 from .common import NOT_RUNNING, STARTS, Q, counts as _counts, in_state as _in_state, new as _new, opened, running as _running
 
-COMBOS = list(itertools.product(OutcomeKind, [False, True], [False, True], [0.0, 30.0]))
+COMBOS = list(itertools.product(OutcomeKind, [False, True], [False, True], [0.0, 30.0, -30.0]))
+WHEN = {0.0: "now", 30.0: "later", -30.0: "past"}
 
 
 @pytest.mark.parametrize(
     "kind, cancel_requested, has_error, later",
     COMBOS,
-    ids=[f"{k.value}-{'cancel' if c else 'plain'}-{'error' if e else 'quiet'}-{'later' if lt else 'now'}" for k, c, e, lt in COMBOS],
+    ids=[f"{k.value}-{'cancel' if c else 'plain'}-{'error' if e else 'quiet'}-{WHEN[lt]}" for k, c, e, lt in COMBOS],
 )
 async def test_finish_stores_what_the_rules_decide(
     make_backend, autojump_clock, kind: OutcomeKind, cancel_requested: bool, has_error: bool, later: float
 ) -> None:
     async with opened(make_backend) as backend:
-        job_id, attempt = await _running(backend, cancel_requested=cancel_requested)
+        await trio.sleep(100)  # a run_at in the past is still a time the clock has seen
+        job_id, attempt = await _running(backend, cancel_requested=cancel_requested, unique_key="k")
         before = await backend.get_job(job_id)
         failed0, interrupted0 = await _counts(backend)
         events: list[Any] = []
@@ -45,6 +47,9 @@ async def test_finish_stores_what_the_rules_decide(
         expected = after_outcome(kind, cancel_requested=cancel_requested, has_error=has_error, run_at=run_at, now=now)
         job = await backend.get_job(job_id)
         failed, interrupted = await _counts(backend)
+        emitted = list(events)
+        (again,) = await backend.insert_many([_new(unique_key="k")])  # a final job frees its key
+    assert again.existing is not expected.state.final and (again.id == job_id) is not expected.state.final
     assert job.state is expected.state
     assert job.attempt == attempt + expected.attempt_delta
     assert job.run_at == (before.run_at if expected.run_at is None else expected.run_at)
@@ -52,11 +57,11 @@ async def test_finish_stores_what_the_rules_decide(
     assert (failed - failed0, interrupted - interrupted0) == (expected.failed, expected.interrupted)
     assert [e.message for e in job.errors] == (["OSError: down"] if has_error else [])
     if expected.state.final:
-        assert JobFinalized(job_id, expected.state, "OSError: down" if has_error else None) in events
+        assert emitted == [JobFinalized(job_id, expected.state, "OSError: down" if has_error else None)]
     elif expected.state is nj.JobState.AVAILABLE:
-        assert JobsAvailable(Q) in events
+        assert emitted == [JobsAvailable(Q)]
     else:
-        assert JobsAvailable(Q, expected.run_at) in events
+        assert emitted == [JobsAvailable(Q, expected.run_at)]
 
 
 @pytest.mark.parametrize("kind", list(OutcomeKind), ids=lambda k: k.value)
@@ -100,10 +105,11 @@ async def test_rescue_stores_what_the_rules_decide(make_backend, autojump_clock,
     assert (job.finalized_at is not None) == expected.state.final
     assert failed - failed0 == expected.failed
     assert job.errors[-1].message.startswith("rescued: its worker stopped heartbeating at")
+    assert job.errors[-1].attempt == attempt
     if expected.state.final:
-        assert [e for e in events if isinstance(e, JobFinalized)] == [JobFinalized(job_id, expected.state, job.errors[-1].message)]
+        assert events == [JobFinalized(job_id, expected.state, job.errors[-1].message)]
     else:
-        assert JobsAvailable(Q) in events
+        assert events == [JobsAvailable(Q)]
 
 
 @pytest.mark.parametrize("start", STARTS)
