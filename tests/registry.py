@@ -23,16 +23,18 @@ What a registration says (`TestBackend`):
 - how the property harness builds it (`harness`): one fresh, deterministic instance per
   Hypothesis example;
 - how to write a row as something other than the runtime would (`damage`), for the damaged-row
-  tests of backends whose rows others can write.
+  tests of backends whose rows others can write;
+- for a backend with transactional enqueue, a connection of the caller's own (`transaction`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import itertools
 import os
 import sqlite3
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager, Iterator
 
 import attrs
 import pytest
@@ -87,6 +89,11 @@ class TestBackend:
     `tests/properties/test_durable.py` (memory: each property module runs on it itself, with
     the mutants)."""
     damage: Damage | None = None
+    transaction: Callable[[nj.Backend], ContextManager[Callable[[Any, tuple[Any, ...]], Any]]] | None = None
+    """For a backend with `TransactionalEnqueue`: ``with transaction(backend) as execute:`` a
+    connection of the caller's own, in one transaction (committed when the block ends, rolled
+    back when it raises); ``execute(statement, params)`` runs one statement and returns its
+    first row or None."""
 
     def make(self, request: pytest.FixtureRequest) -> nj.Backend:
         """A fresh backend on a fresh store."""
@@ -252,6 +259,17 @@ def _postgres_damage(backend: nj.Backend, job_id: int, assignments: str, params:
         )
 
 
+@contextlib.contextmanager
+def _postgres_transaction(backend: nj.Backend) -> Iterator[Callable[[Any, tuple[Any, ...]], Any]]:
+    import psycopg
+
+    from nursery_jobs.backends.postgres import PostgresBackend
+
+    assert isinstance(backend, PostgresBackend), backend
+    with psycopg.connect(backend.conninfo) as conn, conn.transaction():
+        yield lambda statement, params: conn.execute(statement, params).fetchone()
+
+
 register(
     TestBackend(
         "postgres",
@@ -259,6 +277,7 @@ register(
         autojump=0.05,
         harness=_postgres_harness,
         damage=Damage(_postgres_damage, ('"a string"', '{"a": 1}', '[1, {"attempt": "x"}]')),
+        transaction=_postgres_transaction,
     )
 )
 

@@ -298,6 +298,8 @@ class TransactionalEnqueue(Protocol):
     def insert_sql(self, job: NewJob, now: float) -> tuple[Any, tuple[Any, ...]]:
         """The statement and parameters that insert `job` and queue its wake-up, to run on the
         caller's connection inside its transaction: the job exists, and its wake-up is sent,
-        only if that transaction commits. Returns one row (the id), or none when `unique_key`
-        is held by a pending job."""
+        only if that transaction commits. The statement returns one row whose first column is
+        the new job's id, or no row when `unique_key` is held by a job that is not final (the
+        caller learns nothing of the holder: no lookup runs inside its transaction). The job is
+        stored as `insert_many` would store it."""
         ...
