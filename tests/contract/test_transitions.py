@@ -49,6 +49,12 @@ async def test_finish_stores_what_the_rules_decide(
         failed, interrupted = await _counts(backend)
         emitted = list(events)
         (again,) = await backend.insert_many([_new(unique_key="k")])  # a final job frees its key
+        await trio.sleep(60)  # past any run_at: a job that may run again is claimed, a final one never
+        claimed = [(j.id, j.attempt) for j in (await backend.claim(Q, 10)).jobs]
+    if expected.state.final:
+        assert claimed == [(again.id, 1)]
+    else:
+        assert claimed == [(job_id, attempt + expected.attempt_delta + 1)]
     assert again.existing is not expected.state.final and (again.id == job_id) is not expected.state.final
     assert job.state is expected.state
     assert job.attempt == attempt + expected.attempt_delta
