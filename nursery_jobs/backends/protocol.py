@@ -216,6 +216,8 @@ class JobStore(Protocol):
         frees the job's unique key. The error, if any, is appended (the latest `MAX_ERRORS_KEPT`
         kept). One transaction for the batch. Emits `JobFinalized(id, state, last error)` per job
         made final and `JobsAvailable` per job that may run again (with its `run_at` if later).
+        A batch holds at most one outcome per attempt (an attempt ends once); with two, which
+        one is stored is not specified.
         Any exception but `BackendUnavailable` means the backend refused this batch's content:
         the completer isolates the outcome it cannot store and writes the others."""
         ...

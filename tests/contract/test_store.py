@@ -175,6 +175,8 @@ async def test_retention_applies_each_states_own_cutoff(make_backend, autojump_c
         gone = await _finished_at(backend, 2.0, state="discarded")
         stopped = await _finished_at(backend, 3.0, state="cancelled")
         await trio.sleep_until(10)
+        exactly = {nj.JobState.COMPLETED: 1.0, nj.JobState.DISCARDED: 2.0, nj.JobState.CANCELLED: 3.0}
+        assert await backend.delete_finished(exactly, 10) == 0  # finalized *before* the cutoff only
         cutoffs = {nj.JobState.COMPLETED: 5.0, nj.JobState.DISCARDED: 1.5, nj.JobState.CANCELLED: 5.0}
         assert await backend.delete_finished(cutoffs, 10) == 2
         assert (await backend.get_job(gone[0])).state is nj.JobState.DISCARDED
