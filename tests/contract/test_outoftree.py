@@ -67,3 +67,11 @@ def test_the_delegating_backend_uses_only_the_public_protocol_of_its_inner_backe
                 assert mine or not node.attr.startswith("_"), f"{path.name}:{node.lineno} reads {node.attr}"
                 if isinstance(node.value, ast.Attribute) and node.value.attr == "inner":
                     assert node.attr in public, f"{path.name}:{node.lineno}: inner.{node.attr} is not in the protocol"
+
+
+def test_a_module_named_in_the_environment_that_cannot_be_imported_stops_the_run_saying_so() -> None:
+    env = {**os.environ, "NJ_TEST_BACKENDS": "tests.outoftree.no_such_module"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", "tests/contract/test_atomic.py"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "NJ_TEST_BACKENDS names the module 'tests.outoftree.no_such_module'" in proc.stdout + proc.stderr
