@@ -155,7 +155,14 @@ Listener = Callable[[BackendEvent], None]
 @runtime_checkable
 class JobStore(Protocol):
     """The jobs. Every method is a Trio checkpoint unless `atomic`, and bounded by the backend's
-    own timeouts (statement and outage timeouts on durable backends)."""
+    own timeouts (statement and outage timeouts on durable backends).
+
+    Every method that changes jobs is cancel-atomic on its own: it raises `Cancelled` only if it
+    changed nothing (a cancellation is honoured before the change starts, never once it is
+    made). `Client.enqueue` and `Client.cancel` call `insert_many` and `cancel` unshielded and
+    promise their callers exactly that; the runtime shields `claim` (a claim cut after it
+    committed would leave its jobs running with no worker) and writes outcomes from its own
+    task."""
 
     url: str
     """Where the jobs are, with any password redacted: safe for logs."""
@@ -163,8 +170,8 @@ class JobStore(Protocol):
     """Fallback fetch period when the backend cannot push every wake-up to other processes
     (None: it can, or there are none)."""
     atomic: bool
-    """True if no call ever yields to other tasks (memory): a call cannot be cut in half by a
-    cancellation, so callers need not shield it."""
+    """True if no call ever yields to other tasks (memory): no call can be cut by a
+    cancellation at all, so the runtime need not shield a claim."""
 
     def now(self) -> float:
         """The backend's clock, in seconds: every `run_at`, heartbeat and cutoff is on it."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -56,3 +57,51 @@ async def test_every_call_checkpoints_unless_the_backend_is_atomic(make_backend,
                 wrong.append(name)
     assert wrong == [], f"{'yield' if backend.atomic else 'do not checkpoint'}: {wrong}"
 
+
+
+async def _cut(call: Callable[[], Awaitable[Any]], after: int) -> bool:
+    """Run `call` in a scope another task cancels after `after` scheduling rounds; True if it
+    returned, False if it raised Cancelled."""
+    returned = False
+    async with trio.open_nursery() as nursery:
+        with trio.CancelScope() as scope:
+
+            async def canceller() -> None:
+                for _ in range(after):
+                    await trio.lowlevel.checkpoint()
+                scope.cancel()
+
+            nursery.start_soon(canceller)
+            await call()
+            returned = True
+    return returned
+
+
+CUTS = [0, 1, 2, 3, 5, 8]
+
+
+@pytest.mark.parametrize("after", CUTS)
+async def test_an_insert_cut_by_a_cancellation_either_happened_or_did_not(make_backend, autojump_clock, after: int) -> None:
+    """Cancel-atomic: `Client.enqueue` makes this one call unshielded and promises "cancelled:
+    not enqueued; returned: enqueued once", so the call itself must raise Cancelled only if it
+    changed nothing."""
+    async with opened(make_backend) as backend:
+        returned = await _cut(lambda: backend.insert_many([new(), new()]), after)
+        stats = await backend.stats()
+    assert (stats[Q].available if stats else 0) == (2 if returned else 0)
+
+
+@pytest.mark.parametrize("after", CUTS)
+async def test_a_cancel_cut_by_a_cancellation_either_happened_or_did_not(make_backend, autojump_clock, after: int) -> None:
+    async with opened(make_backend) as backend:
+        pending = (await backend.insert_many([new(delay=100, now=backend.now())]))[0].id
+        job_id, _ = await running(backend)
+        events: list[Any] = []
+        backend.add_listener(events.append)
+        cut_pending = await _cut(lambda: backend.cancel(pending), after)
+        cut_running = await _cut(lambda: backend.cancel(job_id), after)
+        states = [(await backend.get_job(i)).state for i in (pending, job_id)]
+        requested = (await backend.heartbeat([(job_id, 1)])).cancel == [job_id]
+    assert states[0] is (nj.JobState.CANCELLED if cut_pending else nj.JobState.SCHEDULED)
+    assert states[1] is nj.JobState.RUNNING and requested is cut_running
+    assert len(events) == cut_pending + cut_running

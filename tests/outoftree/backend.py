@@ -9,7 +9,9 @@ registers it; `tests/contract/test_outoftree.py` runs the suites on it).
 Every async call passes a real Trio checkpoint before it reaches the inner backend, as a call
 over a network would: the backend therefore does not claim the memory backend's never-yield
 atomicity (`atomic` is False), and the runtime's cancellation handling for durable backends is
-what runs on it.
+what runs on it. The checkpoint comes before the call, never after it: the protocol wants each
+call cancel-atomic (a cancellation once the inner backend made the change would report "not
+done" for something done; `tests/contract/test_atomic.py` fails such a backend).
 """
 
 from __future__ import annotations
