@@ -9,7 +9,7 @@ Many processes on many hosts share one database. The design, call by call:
   only `available` rows, in claim order; `jobs_waiting` holds scheduled and retryable rows by
   `run_at`, read only up to now. Those that came due and are not claimed are made `available`
   in the same statement. Neither scan reads a finished row or one that is not due yet, so the
-  cost stays flat however many of those the queue holds (tests/postgres/test_claim_cost.py).
+  cost stays flat however many of those the queue holds (tests/backends/postgres/test_claim_cost.py).
   The same round trip reports when the next scheduled job of the queue is due. Claims and heartbeats commit with `synchronous_commit =
   off` (`PgPool.run(durable=False)`): losing the last milliseconds of them in a server crash
   only makes jobs claimable again, and they do not wait for the WAL flush. (After such a crash
@@ -117,7 +117,7 @@ Each statement is prepared at its first use (`prepare_threshold=0`) and always r
 generic plan, so the server never plans a claim again per call: with the default (`auto`), a
 claim on an analyzed table was re-planned every time, 0.88 ms of planning for 0.25 ms of work.
 That is safe because each hot statement is shaped so that its one plan is right whatever the
-statistics say (migration 0004; tests/postgres/test_plans.py): the outcome and heartbeat
+statistics say (migration 0004; tests/backends/postgres/test_plans.py): the outcome and heartbeat
 statements can reach their rows only by primary key, the claim only through its partial indexes.
 Sequential scans are off: a plan made while the table was small (a fresh deploy) would read it
 whole, and keep doing so once a backlog has made it large, until autovacuum next analyzes it;

@@ -1,1 +1,1 @@
-"""Unit tests: one module, rule or file of the repository, checked in-process with no database server and no worker processes."""
+"""Tests of one part of the package or of the repository's own files, run in this process with no database server and no worker processes."""
