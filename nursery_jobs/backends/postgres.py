@@ -87,7 +87,6 @@ from .protocol import (
     Listener,
     NewJob,
     Outcome,
-    OutcomeKind,
     QueueCounts,
 )
 from .rows import counts_from_rows, job_from_row
@@ -102,12 +101,6 @@ _OPTIONS = {"schema", "pool_size", "pool_share", "poll_interval", "statement_tim
 _SECONDS_OPTIONS = ("poll_interval", "statement_timeout", "outage_timeout")
 _MIN_STATEMENT_TIMEOUT = 0.001
 _MAX_STATEMENT_TIMEOUT = 2_147_483  # seconds: INT_MAX milliseconds, rounded down
-_PENDING = ("available", "scheduled", "retryable")
-_FINAL_BY_KIND = {
-    OutcomeKind.COMPLETED: "completed",
-    OutcomeKind.DISCARD: "discarded",
-    OutcomeKind.CANCELLED: "cancelled",
-}
 _NOTIFY_IDS_PER_PAYLOAD = 400  # NOTIFY payloads are limited to 8000 bytes
 _STATES = {s.value: s for s in JobState}
 POOL_SESSION = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off"}
@@ -346,7 +339,7 @@ def migrate(conninfo: str, schema: str = "nursery_jobs") -> list[str]:
 class PostgresBackend:
     """Jobs in PostgreSQL, shared by every process and host that uses the same schema."""
 
-    atomic = False
+    never_yields = False
 
     def __init__(
         self,

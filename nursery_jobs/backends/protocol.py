@@ -154,7 +154,7 @@ Listener = Callable[[BackendEvent], None]
 
 @runtime_checkable
 class JobStore(Protocol):
-    """The jobs. Every method is a Trio checkpoint unless `atomic`, and bounded by the backend's
+    """The jobs. Every method is a Trio checkpoint unless `never_yields`, and bounded by the backend's
     own timeouts (statement and outage timeouts on durable backends)."""
 
     url: str
@@ -162,7 +162,7 @@ class JobStore(Protocol):
     poll_interval: float | None
     """Fallback fetch period when the backend cannot push every wake-up to other processes
     (None: it can, or there are none)."""
-    atomic: bool
+    never_yields: bool
     """True if no call ever yields to other tasks (memory): a call cannot be cut in half by a
     cancellation, so callers need not shield it."""
 

@@ -73,7 +73,7 @@ async def test_outcome_writes_that_never_answer_cannot_hang_the_shutdown(autojum
 
 async def test_a_claim_that_never_answers_is_cut_at_the_flush_bound(autojump_clock, caplog):
     backend = HangingBackend()
-    backend.atomic = False  # claims round-trip, as on a durable backend
+    backend.never_yields = False  # claims round-trip, as on a durable backend
     settings = nj.RuntimeSettings(grace=1, flush_bound=0.5)
     with trio.fail_after(100):
         async with nj.open_runtime(_app(), backend=backend, settings=settings) as rt:
