@@ -96,7 +96,7 @@ class MemoryBackend:
 
     url = "memory://"
     poll_interval: float | None = None  # every wake-up is pushed: nothing to poll for
-    atomic = True  # no method ever yields
+    never_yields = True
 
     def __init__(self, *, max_final_jobs: int = 100_000) -> None:
         """`max_final_jobs`: final jobs kept at most (oldest dropped first), besides the

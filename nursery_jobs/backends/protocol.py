@@ -154,8 +154,8 @@ Listener = Callable[[BackendEvent], None]
 
 @runtime_checkable
 class JobStore(Protocol):
-    """The jobs. Every method is a Trio checkpoint unless `atomic`, and bounded by the backend's
-    own timeouts (statement and outage timeouts on durable backends).
+    """The jobs. Every method is a Trio checkpoint unless `never_yields`, and bounded by the
+    backend's own timeouts (statement and outage timeouts on durable backends).
 
     Every method that changes jobs is cancel-atomic on its own: it raises `Cancelled` only if it
     changed nothing (a cancellation is honoured before the change starts, never once it is
@@ -169,7 +169,7 @@ class JobStore(Protocol):
     poll_interval: float | None
     """Fallback fetch period when the backend cannot push every wake-up to other processes
     (None: it can, or there are none)."""
-    atomic: bool
+    never_yields: bool
     """True if no call ever yields to other tasks (memory): no call can be cut by a
     cancellation at all, so the runtime need not shield a claim."""
 

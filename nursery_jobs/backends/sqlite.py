@@ -146,7 +146,7 @@ class SqliteBackend:
     """Jobs in one SQLite file, shared safely by every process that opens it."""
 
     poll_interval: float | None = 1.0
-    atomic = False
+    never_yields = False
 
     def __init__(
         self,

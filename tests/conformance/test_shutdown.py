@@ -146,9 +146,9 @@ async def test_job_that_ignores_cancellation_is_named_and_exit_still_waits(make_
 
 class Hanging:
     """The test's backend, until told to hang: then outcome writes, or claims, never answer.
-    Its calls round-trip (not `atomic`), as on a durable backend."""
+    Its calls round-trip (not `never_yields`), as on a durable backend."""
 
-    atomic = False
+    never_yields = False
 
     def __init__(self, inner: nj.Backend) -> None:
         self.inner = inner

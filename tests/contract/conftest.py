@@ -14,7 +14,8 @@ docstring and the rules say. A backend is done when both suites pass on it.
   (queue, order, limit, due versus later, `next_due`, concurrent claims);
 - `test_store.py`: heartbeat, rescue, cancel, retention, `get_job`, `stats`, the clock, `open`,
   `close`, `check_budget`;
-- `test_notifier.py`: listeners and `serve`; `test_atomic.py`: checkpoints versus `atomic`;
+- `test_notifier.py`: listeners and `serve`; `test_atomic.py`: checkpoints versus `never_yields`, and
+  cancel-atomicity;
 - `test_transactional.py`: `TransactionalEnqueue`, where a backend has it;
 - `test_outoftree.py`: a backend built outside the package passes all the backend suites.
 

@@ -1,8 +1,11 @@
-"""`JobStore.atomic` and the checkpoints: "every method is a Trio checkpoint unless `atomic`";
-`atomic` means no call ever yields, so a caller need not shield it. Each async method is called
-directly under Trio's own checkpoint assertions, so a backend that claims atomicity and yields
-(a cancellation could cut its call in half) fails, and so does one that neither claims it nor
-checkpoints (a loop of its calls would starve every other task)."""
+"""`JobStore.never_yields`, the checkpoints and cancel-atomicity.
+
+"Every method is a Trio checkpoint unless `never_yields`" (no call ever yields, so none can be
+cut). Each async method is called directly under Trio's own checkpoint assertions, so a backend
+that claims never to yield and yields (a cancellation could cut its call in half) fails, and so
+does one that neither claims it nor checkpoints (a loop of its calls would starve every other
+task). Then `insert_many` and `cancel` are cut by a cancellation at each scheduling point: a
+call that raised `Cancelled` must have changed nothing."""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ def test_the_backend_has_the_protocols_attributes(make_backend) -> None:
     assert isinstance(backend, Backend)
     assert isinstance(backend.url, str) and "://" in backend.url
     assert backend.poll_interval is None or backend.poll_interval > 0
-    assert isinstance(backend.atomic, bool)
+    assert isinstance(backend.never_yields, bool)
 
 
 def _calls(backend: nj.Backend, job_id: int, attempt: int) -> list[tuple[str, Callable[[], Awaitable[Any]]]]:
@@ -44,18 +47,18 @@ def _calls(backend: nj.Backend, job_id: int, attempt: int) -> list[tuple[str, Ca
     ]
 
 
-async def test_every_call_checkpoints_unless_the_backend_is_atomic(make_backend, autojump_clock) -> None:
+async def test_every_call_checkpoints_unless_the_backend_never_yields(make_backend, autojump_clock) -> None:
     async with opened(make_backend) as backend:
         job_id, attempt = await running(backend)
         wrong = []
         for name, call in _calls(backend, job_id, attempt):
-            check = trio.testing.assert_no_checkpoints() if backend.atomic else trio.testing.assert_checkpoints()
+            check = trio.testing.assert_no_checkpoints() if backend.never_yields else trio.testing.assert_checkpoints()
             try:
                 with check:
                     await call()
             except AssertionError:
                 wrong.append(name)
-    assert wrong == [], f"{'yield' if backend.atomic else 'do not checkpoint'}: {wrong}"
+    assert wrong == [], f"{'yield' if backend.never_yields else 'do not checkpoint'}: {wrong}"
 
 
 

@@ -50,7 +50,7 @@ def test_the_delegate_scheme_opens_through_nursery_jobs_registry() -> None:
 
     backend = nj.open_backend("delegate://memory://")
     assert isinstance(backend, DelegatingBackend) and isinstance(backend, Backend)
-    assert backend.url == "delegate://memory://" and backend.atomic is False
+    assert backend.url == "delegate://memory://" and backend.never_yields is False
     with pytest.raises(nj.ConfigError, match="wraps another backend's URL"):
         nj.open_backend("delegate://nowhere")
 

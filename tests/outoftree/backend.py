@@ -7,9 +7,9 @@ the contract, conformance and property suites as this one does (`tests/outoftree
 registers it; `tests/contract/test_outoftree.py` runs the suites on it).
 
 Every async call passes a real Trio checkpoint before it reaches the inner backend, as a call
-over a network would: the backend therefore does not claim the memory backend's never-yield
-atomicity (`atomic` is False), and the runtime's cancellation handling for durable backends is
-what runs on it. The checkpoint comes before the call, never after it: the protocol wants each
+over a network would: the backend therefore does not claim, as memory does, that no call ever
+yields (`never_yields` is False), and the runtime's cancellation handling for durable backends
+is what runs on it. The checkpoint comes before the call, never after it: the protocol wants each
 call cancel-atomic (a cancellation once the inner backend made the change would report "not
 done" for something done; `tests/contract/test_atomic.py` fails such a backend).
 """
@@ -38,7 +38,7 @@ class DelegatingBackend:
     """A `nursery_jobs.Backend` made of `inner`, whose every call goes to `inner` after a
     checkpoint. Its URL is ``delegate://<inner url>``."""
 
-    atomic = False
+    never_yields = False
 
     def __init__(self, inner: nj.Backend) -> None:
         self.inner = inner

@@ -380,7 +380,7 @@ class _Forward:
         self.inner = inner
         self.url = inner.url
         self.poll_interval = inner.poll_interval
-        self.atomic = inner.atomic
+        self.never_yields = inner.never_yields
 
     def now(self) -> float:
         return self.inner.now()

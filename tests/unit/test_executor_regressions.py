@@ -186,7 +186,7 @@ class ShutdownAfterHandOffBackend(nj.MemoryBackend):
 
 
 async def test_a_job_handed_to_a_worker_but_not_started_when_shutdown_begins_is_given_back(autojump_clock):
-    # Flaky before: tests/test_run.py::test_first_signal_stops_claiming_while_main_still_unwinds
+    # Flaky before: tests/unit/test_run.py::test_first_signal_stops_claiming_while_main_still_unwinds
     # saw a job start after main had seen its Cancelled. Nothing may start once shutdown began.
     app = nj.App()
     app.queue("q", max_workers=1, timeout=30)

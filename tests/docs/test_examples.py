@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.py"
 BENCHMARK = ROOT / "benchmarks" / "memory_throughput.py"
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -190,7 +190,7 @@ def test_memory_benchmark_is_importable_without_side_effects() -> None:
 
 DOCS = ROOT / "docs"
 DOC_PAGES = ["index.md", "quickstart.md", "concepts.md", "shutdown.md", "testing.md"]
-TESTING_EXAMPLE = ROOT / "tests" / "test_docs_testing_example.py"
+TESTING_EXAMPLE = ROOT / "tests" / "docs" / "test_docs_testing_example.py"
 EXCERPT_SOURCES = [QUICKSTART, TESTING_EXAMPLE]
 
 
@@ -228,7 +228,7 @@ def test_every_python_block_in_the_docs_is_verbatim_source_or_runs(page: str, li
 def test_the_testing_page_includes_the_example_test_verbatim() -> None:
     page = (DOCS / "testing.md").read_text()
     assert f"```python\n{TESTING_EXAMPLE.read_text()}```" in page, (
-        "docs/testing.md must include tests/test_docs_testing_example.py verbatim; copy the file into the page"
+        "docs/testing.md must include tests/docs/test_docs_testing_example.py verbatim; copy the file into the page"
     )
 
 

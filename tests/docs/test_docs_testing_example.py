@@ -1,6 +1,6 @@
 """Testing a service's jobs with a MockClock: retries, timeouts, snoozes and shutdown in virtual time.
 
-docs/testing.md includes this file verbatim (tests/test_examples.py checks that it does), so the
+docs/testing.md includes this file verbatim (tests/docs/test_examples.py checks that it does), so the
 page cannot drift from code that runs. Copy it next to your own tests and adapt.
 
 pytest-trio's `autojump_clock` fixture is `trio.testing.MockClock(autojump_threshold=0)`:

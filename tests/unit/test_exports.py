@@ -8,7 +8,7 @@ import trio
 
 import nursery_jobs as nj
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "docs" / "quickstart.md"
+QUICKSTART = Path(__file__).resolve().parents[2] / "docs" / "quickstart.md"
 
 EXPECTED = {
     "App", "ArgsError", "Backend", "BackendError", "BackendUnavailable", "ConfigError", "Discard", "Job", "JobContext", "JobError",

@@ -163,7 +163,7 @@ async def test_no_connection_or_transaction_is_held_while_a_handler_runs(pg_url)
 async def test_claim_uses_the_partial_indexes_at_100k_rows(pg_url):
     """The backend's own claim statement (not a copy) reads `available` rows through
     `jobs_available` and due scheduled/retryable rows through `jobs_waiting`, never the table.
-    (Cost at 1k vs 100k not-due rows: tests/postgres/test_claim_cost.py.)"""
+    (Cost at 1k vs 100k not-due rows: tests/backends/postgres/test_claim_cost.py.)"""
     backend = _backend(pg_url)
     schema = backend.schema
     with psycopg.connect(pg_url, autocommit=True) as conn:

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(360)  # a cold mypy cache in a fresh clone; the subprocess bound is 300 s

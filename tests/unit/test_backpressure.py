@@ -25,7 +25,7 @@ from nursery_jobs.execution.executor import OUTCOME_SLACK
 class SlowWrites(nj.MemoryBackend):
     """Every outcome batch takes `delay` seconds to be written (a slow disk, a slow plan)."""
 
-    atomic = False
+    never_yields = False
 
     def __init__(self, delay: float) -> None:
         super().__init__()

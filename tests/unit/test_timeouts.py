@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BOUND = 120  # the whole planted session; far above what it needs, so it only catches a hang
 
 PLANTED = textwrap.dedent(

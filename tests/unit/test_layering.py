@@ -20,7 +20,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "nursery_jobs"
+PACKAGE = Path(__file__).resolve().parents[2] / "nursery_jobs"
 
 # module prefix -> prefixes it may import (besides itself)
 ALLOWED: dict[str, tuple[str, ...]] = {

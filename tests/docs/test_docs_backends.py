@@ -39,7 +39,7 @@ from nursery_jobs.backends.postgres import PostgresBackend
 from nursery_jobs.cli import main as cli_main
 from tests import pgutil
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 PAGES = [DOCS / "backends.md", DOCS / "guarantees.md", ROOT / "README.md"]
 THIS_FILE = Path(__file__)

@@ -2,7 +2,7 @@
 connection: raised at once, naming the SQLSTATE and the server's text, never retried. psycopg
 files several such classes (53, 54, 55, ...) under `OperationalError`, the class of a dropped
 connection too, so the backend classifies by SQLSTATE. A real lost connection keeps its
-retries (tests/postgres/test_robustness.py drives those through a proxy)."""
+retries (tests/backends/postgres/test_robustness.py drives those through a proxy)."""
 
 from __future__ import annotations
 

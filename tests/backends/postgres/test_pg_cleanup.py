@@ -19,7 +19,7 @@ import pytest
 
 from tests import pgutil
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 PLANTED = textwrap.dedent(
     """

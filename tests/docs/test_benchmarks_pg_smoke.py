@@ -18,7 +18,7 @@ import pytest
 
 from tests import pgutil
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 # The scripts read the same admin URL as the test suite.
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "NJ_BENCH_PG_URL": pgutil.ADMIN_URL}

@@ -7,7 +7,7 @@ error here, and so is a relative Markdown link to a file that does not exist or 
 heading of that page makes.
 
 Scanned: README.md, docs/*.md, benchmarks/**/*.md, pyproject.toml, and every .py file of
-nursery_jobs/, lint/, examples/, benchmarks/ and tests/ (code, docstrings and comments alike),
+nursery_jobs/, nursery_jobs_lint/, examples/, benchmarks/ and tests/ (code, docstrings and comments alike),
 except this file, which has to name what it forbids. Links to public web pages are not checked.
 """
 
@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 THIS_FILE = Path(__file__).resolve()
 
 MARKDOWN = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "benchmarks").rglob("*.md"))]
 SOURCES = [
     path
-    for top in ("nursery_jobs", "lint", "examples", "benchmarks", "tests")
+    for top in ("nursery_jobs", "nursery_jobs_lint", "examples", "benchmarks", "tests")
     for path in sorted((ROOT / top).rglob("*.py"))
     if path.resolve() != THIS_FILE
 ]
