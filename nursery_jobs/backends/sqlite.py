@@ -640,7 +640,7 @@ class SqliteBackend:
             for state, cutoff in sorted(before.items()):
                 cur = conn.execute(
                     "DELETE FROM nj_jobs WHERE id IN (SELECT id FROM nj_jobs WHERE state = ? AND finalized_at < ?"
-                    " LIMIT ?)",
+                    " ORDER BY finalized_at LIMIT ?)",
                     (JobState(state).value, cutoff, limit - deleted),
                 )
                 deleted += cur.rowcount
