@@ -169,14 +169,12 @@ def _sqlite_store(request: pytest.FixtureRequest) -> Store:
 
 
 def _sqlite_harness(request: pytest.FixtureRequest) -> Callable[[], nj.Backend]:
-    from nursery_jobs.backends.sqlite import SqliteBackend
+    from tests.deterministic import DeterministicSqlite
 
     folder = request.getfixturevalue("tmp_path_factory").mktemp("property-sqlite")
 
     def build() -> nj.Backend:
-        backend = SqliteBackend(
-            str(folder / f"example-{next(_files)}.db"), synchronous="NORMAL", clock=trio.current_time, _blocking_io=True
-        )
+        backend = DeterministicSqlite(str(folder / f"example-{next(_files)}.db"), synchronous="NORMAL", clock=trio.current_time)
         backend.poll_interval = None  # one process: every wake-up is delivered in-process
         return backend
 
@@ -223,12 +221,12 @@ def _postgres_store(request: pytest.FixtureRequest) -> Store:
 
 
 def _postgres_harness(request: pytest.FixtureRequest) -> Callable[[], nj.Backend]:
-    from nursery_jobs.backends.postgres import PostgresBackend
     from tests import pgutil
+    from tests.deterministic import DeterministicPostgres
 
     url = request.getfixturevalue("pg_url")
 
-    class QuietPostgres(PostgresBackend):
+    class QuietPostgres(DeterministicPostgres):
         """No LISTEN connection: with one process every NOTIFY is our own echo, which the
         backend drops anyway, and a listener's socket would be a wait autojump cannot see
         through."""
@@ -238,7 +236,7 @@ def _postgres_harness(request: pytest.FixtureRequest) -> Callable[[], nj.Backend
             await trio.sleep_forever()
 
     def build() -> nj.Backend:
-        return QuietPostgres(url, schema=pgutil.new_schema(url), clock=trio.current_time, poll_interval=None, _blocking_io=True)
+        return QuietPostgres(url, schema=pgutil.new_schema(url), clock=trio.current_time, poll_interval=None)
 
     return build
 

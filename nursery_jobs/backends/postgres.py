@@ -56,7 +56,7 @@ import logging
 import re
 import shlex
 import time
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, ClassVar, Mapping, Sequence
 from urllib.parse import quote, unquote
 
 import trio
@@ -340,6 +340,9 @@ class PostgresBackend:
     """Jobs in PostgreSQL, shared by every process and host that uses the same schema."""
 
     never_yields = False
+    _blocking_io: ClassVar[bool] = False
+    """Every database wait blocks the Trio thread (`PgPool(blocking=True)`): set only by a test
+    subclass that runs the runtime under `MockClock(autojump_threshold=0)`, never by a service."""
 
     def __init__(
         self,
@@ -352,7 +355,6 @@ class PostgresBackend:
         outage_timeout: float = 30.0,
         statement_timeout: float = 30.0,
         clock: Callable[[], float] = time.time,
-        _blocking_io: bool = False,
     ) -> None:
         self.conninfo = conninfo
         """As given: it carries the password, so it is never shown; `url` names the database."""
@@ -380,9 +382,6 @@ class PostgresBackend:
         bounded client-side at this + `infra.pg.ROUND_TRIP_MARGIN` (`PgPool`)."""
         _check_statement_timeout("statement_timeout", self.statement_timeout)
         self._clock = clock
-        self._blocking_io = _blocking_io
-        """Every database wait blocks the Trio thread (`PgPool(blocking=True)`): for tests that
-        run the runtime under `MockClock(autojump_threshold=0)`, never for production."""
         self._listeners: list[Listener] = []
         self._pool: PgPool | None = None
         self._workers: int | None = None

@@ -8,7 +8,7 @@ strategies, the model and the checks are the same as on memory; only the storage
 SQL claim that breaks priority order, a finish that loses an outcome, a fencing condition that
 lets a stale attempt through or a restart that forgets an interrupted job turns these red.
 
-Determinism: the durable backends run their calls on the Trio thread here (`_blocking_io`),
+Determinism: the durable backends run their calls on the Trio thread here (`tests/deterministic.py`),
 so `MockClock(autojump_threshold=0)` never mistakes a database round trip for idleness, and the
 backend's clock is Trio's virtual clock. What this does not cover -- the thread and socket
 waits themselves -- the conformance suite covers with real I/O.

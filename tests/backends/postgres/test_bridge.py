@@ -22,6 +22,7 @@ from nursery_jobs.backends import NewJob
 from nursery_jobs.backends import postgres as postgres_backend
 from nursery_jobs.backends.postgres import PostgresBackend
 from tests import pgutil
+from tests.deterministic import DeterministicPostgres
 
 IDLE = psycopg.pq.TransactionStatus.IDLE
 
@@ -492,7 +493,7 @@ def test_a_runtime_with_blocking_io_runs_jobs_on_virtual_time(pg_url):
     schema = pgutil.new_schema(pg_url)
 
     async def main() -> tuple[float, nj.Receipt, nj.Receipt]:
-        backend = PostgresBackend(pg_url, schema=schema, clock=trio.current_time, poll_interval=60.0, _blocking_io=True)
+        backend = DeterministicPostgres(pg_url, schema=schema, clock=trio.current_time, poll_interval=60.0)
         async with nj.open_runtime(app, backend=backend) as rt:
             t0 = trio.current_time()
             job_id = await nap.enqueue(seconds=30)

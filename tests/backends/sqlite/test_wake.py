@@ -30,6 +30,7 @@ from nursery_jobs.backends import CancelRequested, JobFinalized, JobsAvailable, 
 from nursery_jobs.backends.sqlite import SqliteBackend
 from nursery_jobs.infra import wake as wake_mod
 from nursery_jobs.infra.wake import MAX_DATAGRAM, Wake, WakeRegistry, decode, encode, registry_dir
+from tests.deterministic import DeterministicSqlite
 
 MARKER = Wake(queues=("marker",))
 
@@ -374,9 +375,11 @@ async def test_an_enqueue_only_backend_binds_for_receipts_only(home) -> None:
     await backend.close()
 
 
-@pytest.mark.parametrize("kwargs", [{"_blocking_io": True}, {"wake": False}], ids=["blocking", "wake-off"])
-async def test_blocking_mode_and_wake_off_have_no_sockets(home, kwargs) -> None:
-    backend = SqliteBackend(db(home), synchronous="NORMAL", **kwargs)
+@pytest.mark.parametrize(
+    ("cls", "kwargs"), [(DeterministicSqlite, {}), (SqliteBackend, {"wake": False})], ids=["blocking", "wake-off"]
+)
+async def test_blocking_mode_and_wake_off_have_no_sockets(home, cls, kwargs) -> None:
+    backend = cls(db(home), synchronous="NORMAL", **kwargs)
     other, marker = WakeRegistry(db(home)), WakeRegistry(db(home))
     async with serving(other) as inbox:
         async with trio.open_nursery() as nursery:
