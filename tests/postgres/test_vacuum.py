@@ -1,7 +1,10 @@
-"""Migration 0005: the jobs table's per-table autovacuum settings, and why it sets no fillfactor.
+"""Migration 0005: the jobs table's per-table autovacuum settings, one index fewer, and why it
+sets no fillfactor.
 
 - `nursery-jobs migrate` brings a version-4 schema to version 5, which sets the thresholds on
-  the jobs table (and only those: the server's other settings stay the operator's).
+  the jobs table (and only those: the server's other settings stay the operator's) and drops
+  `jobs_due`, which no statement reads any more (tests/postgres/test_plans.py checks the
+  plans without it).
 - No update the runtime makes is HOT: a claim, a heartbeat, a retry, an outcome and a rescue
   each change an indexed column (`state`, `heartbeat_at`), so free space left on each page by a
   lower fillfactor could never be used. A plain update of an unindexed column on the same table
@@ -45,6 +48,10 @@ def test_migrate_sets_the_jobs_tables_autovacuum_thresholds_on_a_version_4_schem
         # back to what version 4 left: no storage parameters
         conn.execute(f'DELETE FROM "{schema}".migrations WHERE version = 5')
         conn.execute(f'ALTER TABLE "{schema}".jobs RESET ({", ".join(EXPECTED)})')
+        conn.execute(
+            f'CREATE INDEX jobs_due ON "{schema}".jobs (queue, run_at)'
+            " WHERE state IN ('available', 'scheduled', 'retryable')"
+        )
         assert _reloptions(conn, schema) == {}
     done = subprocess.run(
         [sys.executable, "-m", "nursery_jobs.cli", "migrate", "--database-url", pg_url, "--schema", schema],
@@ -54,10 +61,13 @@ def test_migrate_sets_the_jobs_tables_autovacuum_thresholds_on_a_version_4_schem
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout == f"schema '{schema}': applied 0005_vacuum_often.sql\n"
+    assert done.stdout == f"schema '{schema}': applied 0005_less_bloat.sql\n"
     with psycopg.connect(pg_url, autocommit=True) as conn:
         assert _reloptions(conn, schema) == EXPECTED
         assert schema_version(conn, schema) == 5
+        indexes = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s AND tablename = 'jobs'", (schema,))}
+        assert indexes == {"jobs_pkey", "jobs_available", "jobs_waiting", "jobs_running", "jobs_running_unbeaten",
+                           "jobs_finalized", "jobs_unique"}  # fmt: skip
         (fillfactor,) = conn.execute(
             "SELECT count(*) FROM pg_class c, unnest(c.reloptions) o WHERE c.oid = %s::regclass AND o LIKE 'fillfactor%%'",
             (f'"{schema}".jobs',),
