@@ -11,8 +11,9 @@
 --
 -- No fillfactor: free space on a page only helps HOT updates (a new row version on the same
 -- page, with no new index entries), and PostgreSQL makes those only when no indexed column
--- changes. Every update the runtime makes changes `state` or `heartbeat_at`, which indexes hold,
--- so none is HOT and a lower fillfactor would only make the table larger.
+-- changes. Every update on a job's path (claim, heartbeat, outcome, rescue) changes `state` or
+-- `heartbeat_at`, which indexes hold, so none is HOT (only a rare cancel request of a running
+-- job could be), and a lower fillfactor would only make the table larger.
 --
 -- `jobs_due` (queue, run_at) over every pending row goes: since version 2 the claim reads
 -- `available` rows from `jobs_available` and scheduled/retryable ones from `jobs_waiting`
