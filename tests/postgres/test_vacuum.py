@@ -23,9 +23,11 @@ import psycopg
 import trio
 
 from nursery_jobs.backends import NewJob, Outcome, OutcomeKind
+from nursery_jobs.jobs import JobState
 from nursery_jobs.backends.postgres import LATEST_VERSION, PostgresBackend, schema_version
 from tests import pgutil
 
+FINAL = (JobState.COMPLETED, JobState.DISCARDED, JobState.CANCELLED)
 EXPECTED = {
     "autovacuum_vacuum_scale_factor": "0.01",
     "autovacuum_vacuum_threshold": "1000",
@@ -131,3 +133,53 @@ async def test_no_update_the_runtime_makes_is_hot_so_a_fillfactor_would_not_help
         updates_after, hot_after = _wait_for_updates(conn, schema, updates + 1)
         assert (updates_after, hot_after) == (updates + 1, 1)
     _ = trio  # the module runs under pytest-trio
+
+
+def _claim_search_buffers(url: str, schema: str, queue: str) -> int:
+    """Buffers the claim's searches read (every scan but the primary-key lookups of its
+    updates), on its generic plan, for a claim of 10 jobs (rolled back)."""
+    from tests.postgres.test_plans import _walk, explain_generic
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        plan = explain_generic(conn, "claim", schema, {"now": 1e12, "queue": queue, "limit": 10})
+    return sum(
+        n.get("Shared Hit Blocks", 0) + n.get("Shared Read Blocks", 0)
+        for n in _walk(plan["Plan"])
+        if n.get("Relation Name") == "jobs" and "Scan" in n["Node Type"] and n.get("Index Name") != "jobs_pkey"
+    )
+
+
+async def test_the_claims_extra_cost_is_the_dead_entries_a_vacuum_removes(pg_url: str) -> None:
+    """30,000 jobs through a queue in batches of 500 (enqueued, claimed, completed, deleted by
+    retention) with autovacuum off on the table: 90,000 dead row versions. Each claimed row
+    leaves a dead entry in `jobs_available`, where the claim starts; a claim that passes it marks
+    it so that later ones do not read its row, but still reads its index page, until a vacuum
+    removes the entry (measured here: 7 buffers at the start, ~195 after 30,000 jobs). That is
+    why the jobs table is vacuumed after a fixed number of dead rows (migration 0005), and this
+    checks the claim pays for nothing else: once vacuumed, it costs what it did at the start."""
+    schema = pgutil.new_schema(pg_url)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f'ALTER TABLE "{schema}".jobs SET (autovacuum_enabled = false)')
+    backend = PostgresBackend(pg_url, schema=schema)
+    await backend.open()
+    costs = []
+    try:
+        for round_ in range(61):
+            await backend.insert_many([NewJob("noop", "default", "{}", 0, None, 25) for _ in range(500)])
+            if round_ in (0, 60):  # with 500 available: what a claim finds at the start and at the end
+                costs.append(_claim_search_buffers(pg_url, schema, "default"))
+            if round_ == 60:
+                with psycopg.connect(pg_url, autocommit=True) as conn:
+                    conn.execute(f'VACUUM "{schema}".jobs')
+                costs.append(_claim_search_buffers(pg_url, schema, "default"))
+            claimed = await backend.claim("default", 500)
+            assert len(claimed.jobs) == 500
+            await backend.finish_many([Outcome(j.id, j.attempt, OutcomeKind.COMPLETED) for j in claimed.jobs])
+            while await backend.delete_finished({s: backend.now() + 1 for s in FINAL}, 1000):
+                pass
+    finally:
+        await backend.close()
+    first, unvacuumed, vacuumed = costs
+    print(f"claim search buffers: {first} at the start, {unvacuumed} after 30,000 jobs, {vacuumed} once vacuumed")
+    assert unvacuumed > 2 * first  # the dead entries do cost until a vacuum (else this test shows nothing)
+    assert vacuumed <= max(1.5 * first, first + 10), f"claim search buffers {first} -> {unvacuumed} -> vacuumed {vacuumed}"
