@@ -13,7 +13,10 @@ touched. The table is first given a history of `--history` discarded jobs (kept 
 retention, like a production table holding its recent failures), vacuumed and analyzed. Then
 one process runs the runtime (a queue of `--workers` no-op workers, retention every 5 s keeping
 completed jobs `--keep` seconds) and enqueues at `--rate` jobs/s (default `--jobs` / `--duration`;
-0: as fast as they drain, with at most 2,000 pending). Every `--interval` seconds it samples:
+0: as fast as they drain, with at most 2,000 pending), in one `enqueue_many` every `--tick`
+seconds (default 1). The batch matters: a claimed row's dead entry in the `available` index is
+removed by the insert that fills its page only when the claims keep up within a page's worth of
+entries (small batches); otherwise it waits for a vacuum. Every `--interval` seconds it samples:
 
 - jobs/s completed since the last sample;
 - sizes: `pg_total_relation_size` of the table, its heap, and each index;
@@ -96,6 +99,7 @@ class Options:
     history: int
     keep: float
     workers: int
+    tick: float
     defaults: bool
     smoke: bool
 
@@ -253,11 +257,12 @@ def soak(url: str, opts: Options) -> tuple[list[Sample], int]:
             end = start + opts.duration
             while (now := trio.current_time()) < end:
                 if opts.rate > 0:
-                    want = int(min(now - start, opts.duration) * opts.rate) - enqueued
+                    tick = (now - start) // opts.tick * opts.tick  # enqueue in batches, every `tick` s
+                    want = int(min(tick, opts.duration) * opts.rate) - enqueued
                     want = min(want, max(0, 20 * FLAT_OUT_PENDING - (enqueued - done[0])))
                 else:
                     want = FLAT_OUT_PENDING - (enqueued - done[0])
-                if want >= 50 or (want > 0 and opts.rate > 0 and opts.rate < 500):
+                if want >= 50 or (want > 0 and opts.rate > 0):
                     await rt.enqueue_many(noop, [{}] * want)
                     enqueued += want
                 if now >= next_sample:
@@ -410,6 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--history", type=int, default=1_000_000, help="discarded jobs in the table first (default 1M)")
     parser.add_argument("--keep", type=float, default=60.0, help="seconds completed jobs are kept (default 60)")
     parser.add_argument("--workers", type=int, default=32)
+    parser.add_argument("--tick", type=float, default=1.0, help="seconds between enqueue batches (default 1)")
     parser.add_argument("--defaults", action="store_true", help="reset migration 0005's autovacuum settings first")
     parser.add_argument("--smoke", action="store_true", help="~20 s, small sizes, nothing judged")
     ns = parser.parse_args(argv)
@@ -418,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ns.interval = ns.interval or 2.0
     interval = ns.interval or (30.0 if ns.duration >= 600 else 15.0)
     rate = ns.jobs / ns.duration if ns.rate is None else ns.rate
-    opts = Options(ns.duration, ns.jobs, rate, interval, ns.history, ns.keep, ns.workers, ns.defaults, ns.smoke)
+    opts = Options(ns.duration, ns.jobs, rate, interval, ns.history, ns.keep, ns.workers, ns.tick, ns.defaults, ns.smoke)
     if pg_cluster.find_bindir() is None:
         print("no PostgreSQL server binaries (initdb) in /usr/lib/postgresql/<version>/bin or NJ_TEST_PG_BINDIR:"
               " the soak needs a private cluster")  # fmt: skip
