@@ -258,7 +258,7 @@ def soak(url: str, opts: Options) -> tuple[list[Sample], int]:
             while (now := trio.current_time()) < end:
                 if opts.rate > 0:
                     tick = (now - start) // opts.tick * opts.tick  # enqueue in batches, every `tick` s
-                    want = int(min(tick, opts.duration) * opts.rate) - enqueued
+                    want = round(min(tick, opts.duration) * opts.rate) - enqueued
                     want = min(want, max(0, 20 * FLAT_OUT_PENDING - (enqueued - done[0])))
                 else:
                     want = FLAT_OUT_PENDING - (enqueued - done[0])
@@ -270,7 +270,7 @@ def soak(url: str, opts: Options) -> tuple[list[Sample], int]:
                     _print_sample(samples[-1], enqueued - done[0])
                     next_sample += opts.interval
                 await trio.sleep(0.05)
-            if opts.rate > 0 and (rest := int(opts.duration * opts.rate) - enqueued) > 0:
+            if opts.rate > 0 and (rest := round(opts.duration * opts.rate) - enqueued) > 0:
                 await rt.enqueue_many(noop, [{}] * rest)  # the last fraction of a batch
                 enqueued += rest
             with trio.move_on_after(60):
