@@ -32,7 +32,8 @@ entries (small batches); otherwise it waits for a vacuum. Every `--interval` sec
 At the end it compares the start of the run (the samples of its first 10 %, at least 60 s, the
 first sample excluded) with its end (the last 10 %, at least 60 s), medians of each:
 
-- PASS when the claim's search buffers at the end are at most 1.5x those at the start, and the
+- PASS when the claim's search buffers at the end are at most 1.5x those at the start (or at
+  most 10 more: a claim that steps over nothing reads 5-10 buffers), and the
   throughput at the end is at least 0.8x the start's; a full run must also put `--jobs`
   through. (Execution time is reported, not judged: on a shared machine it moves with the load.)
 
@@ -81,6 +82,8 @@ TUNED = (
 )
 FLAT_OUT_PENDING = 2_000
 CLAIM_LIMIT = 10
+CLAIM_SLACK = 10
+"""A claim with nothing dead to step over reads 5-10 buffers; a few index pages more is not growth."""
 SERVER_SETTINGS = (
     # The private cluster's own defaults are sized for short tests; a soak wants a server shaped
     # like a small production one. Autovacuum's settings stay the server's defaults.
@@ -366,10 +369,13 @@ def judge(samples: list[Sample], through: int, opts: Options) -> bool:
     if opts.smoke:
         print("\nsmoke run: nothing judged")
         return True
-    claim_ratio = med(tail, "claim_search") / max(med(head, "claim_search"), 1.0)
+    claim_start, claim_end = med(head, "claim_search"), med(tail, "claim_search")
+    claim_ratio = claim_end / max(claim_start, 1.0)
+    claim_ok = claim_end <= max(1.5 * claim_start, claim_start + CLAIM_SLACK)
     rate_ratio = med(tail, "jobs_per_s") / max(med(head, "jobs_per_s"), 1e-9)
     checks = [
-        (f"claim search buffers end / start = {claim_ratio:.2f} (<= 1.5)", claim_ratio <= 1.5),
+        (f"claim search buffers end / start = {claim_end:.0f} / {claim_start:.0f} = {claim_ratio:.2f}"
+         f" (<= 1.5, or within {CLAIM_SLACK} buffers)", claim_ok),  # fmt: skip
         (f"throughput end / start = {rate_ratio:.2f} (>= 0.8)", rate_ratio >= 0.8),
         (f"jobs through = {through:,} (>= {opts.jobs:,})", through >= opts.jobs),
     ]
