@@ -143,11 +143,11 @@ class Runtime(Client):
         elif isinstance(event, JobsAvailable):
             if event.queue is None:
                 for each in self.executors.values():
-                    each.wake(None)
+                    each.wake_up(None)
             else:
                 executor = self.executors.get(event.queue)
                 if executor is not None:
-                    executor.wake(event.due)
+                    executor.wake_up(event.due)
         elif isinstance(event, CancelRequested):
             if event.verified:
                 attempt = self.attempts.get(event.job_id)

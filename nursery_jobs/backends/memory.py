@@ -96,7 +96,7 @@ class MemoryBackend:
 
     url = "memory://"
     poll_interval: float | None = None  # every wake-up is pushed: nothing to poll for
-    atomic = True  # no method ever yields
+    never_yields = True
 
     def __init__(self, *, max_final_jobs: int = 100_000) -> None:
         """`max_final_jobs`: final jobs kept at most (oldest dropped first), besides the
@@ -339,10 +339,14 @@ class MemoryBackend:
         return rescued
 
     async def delete_finished(self, before: Mapping[JobState, float], limit: int) -> int:
+        # `_final_order` is the order jobs were finalized in: oldest first (ids of jobs
+        # already deleted are skipped).
         doomed = []
-        for r in self._rows.values():
-            if r.finalized_at is not None and r.finalized_at < before.get(r.state, -math.inf):
-                doomed.append(r.id)
+        rows = self._rows
+        for job_id in self._final_order:
+            r = rows.get(job_id)
+            if r is not None and r.finalized_at is not None and r.finalized_at < before.get(r.state, -math.inf):
+                doomed.append(job_id)
                 if len(doomed) >= limit:
                     break
         for job_id in doomed:
@@ -401,4 +405,5 @@ class MemoryBackend:
                 interrupted=q.interrupted,
             )
             for name, q in sorted(self._queues.items())
+            if any(q.counts.values())  # a queue is counted while it holds jobs, as in a table
         }

@@ -9,7 +9,7 @@ Many processes on many hosts share one database. The design, call by call:
   only `available` rows, in claim order; `jobs_waiting` holds scheduled and retryable rows by
   `run_at`, read only up to now. Those that came due and are not claimed are made `available`
   in the same statement. Neither scan reads a finished row or one that is not due yet, so the
-  cost stays flat however many of those the queue holds (tests/postgres/test_claim_cost.py).
+  cost stays flat however many of those the queue holds (tests/backends/postgres/test_claim_cost.py).
   The same round trip reports when the next scheduled job of the queue is due. Claims and heartbeats commit with `synchronous_commit =
   off` (`PgPool.run(durable=False)`): losing the last milliseconds of them in a server crash
   only makes jobs claimable again, and they do not wait for the WAL flush. (After such a crash
@@ -56,7 +56,7 @@ import logging
 import re
 import shlex
 import time
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, ClassVar, Mapping, Sequence
 from urllib.parse import quote, unquote
 
 import trio
@@ -87,7 +87,6 @@ from .protocol import (
     Listener,
     NewJob,
     Outcome,
-    OutcomeKind,
     QueueCounts,
 )
 from .rows import counts_from_rows, job_from_row
@@ -102,12 +101,6 @@ _OPTIONS = {"schema", "pool_size", "pool_share", "poll_interval", "statement_tim
 _SECONDS_OPTIONS = ("poll_interval", "statement_timeout", "outage_timeout")
 _MIN_STATEMENT_TIMEOUT = 0.001
 _MAX_STATEMENT_TIMEOUT = 2_147_483  # seconds: INT_MAX milliseconds, rounded down
-_PENDING = ("available", "scheduled", "retryable")
-_FINAL_BY_KIND = {
-    OutcomeKind.COMPLETED: "completed",
-    OutcomeKind.DISCARD: "discarded",
-    OutcomeKind.CANCELLED: "cancelled",
-}
 _NOTIFY_IDS_PER_PAYLOAD = 400  # NOTIFY payloads are limited to 8000 bytes
 _STATES = {s.value: s for s in JobState}
 POOL_SESSION = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off"}
@@ -117,7 +110,7 @@ Each statement is prepared at its first use (`prepare_threshold=0`) and always r
 generic plan, so the server never plans a claim again per call: with the default (`auto`), a
 claim on an analyzed table was re-planned every time, 0.88 ms of planning for 0.25 ms of work.
 That is safe because each hot statement is shaped so that its one plan is right whatever the
-statistics say (migration 0004; tests/postgres/test_plans.py): the outcome and heartbeat
+statistics say (migration 0004; tests/backends/postgres/test_plans.py): the outcome and heartbeat
 statements can reach their rows only by primary key, the claim only through its partial indexes.
 Sequential scans are off: a plan made while the table was small (a fresh deploy) would read it
 whole, and keep doing so once a backlog has made it large, until autovacuum next analyzes it;
@@ -346,7 +339,10 @@ def migrate(conninfo: str, schema: str = "nursery_jobs") -> list[str]:
 class PostgresBackend:
     """Jobs in PostgreSQL, shared by every process and host that uses the same schema."""
 
-    atomic = False
+    never_yields = False
+    _blocking_io: ClassVar[bool] = False
+    """Every database wait blocks the Trio thread (`PgPool(blocking=True)`): set only by a test
+    subclass that runs the runtime under `MockClock(autojump_threshold=0)`, never by a service."""
 
     def __init__(
         self,
@@ -359,7 +355,6 @@ class PostgresBackend:
         outage_timeout: float = 30.0,
         statement_timeout: float = 30.0,
         clock: Callable[[], float] = time.time,
-        _blocking_io: bool = False,
     ) -> None:
         self.conninfo = conninfo
         """As given: it carries the password, so it is never shown; `url` names the database."""
@@ -387,9 +382,6 @@ class PostgresBackend:
         bounded client-side at this + `infra.pg.ROUND_TRIP_MARGIN` (`PgPool`)."""
         _check_statement_timeout("statement_timeout", self.statement_timeout)
         self._clock = clock
-        self._blocking_io = _blocking_io
-        """Every database wait blocks the Trio thread (`PgPool(blocking=True)`): for tests that
-        run the runtime under `MockClock(autojump_threshold=0)`, never for production."""
         self._listeners: list[Listener] = []
         self._pool: PgPool | None = None
         self._workers: int | None = None

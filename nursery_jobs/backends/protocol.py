@@ -154,17 +154,24 @@ Listener = Callable[[BackendEvent], None]
 
 @runtime_checkable
 class JobStore(Protocol):
-    """The jobs. Every method is a Trio checkpoint unless `atomic`, and bounded by the backend's
-    own timeouts (statement and outage timeouts on durable backends)."""
+    """The jobs. Every method is a Trio checkpoint unless `never_yields`, and bounded by the
+    backend's own timeouts (statement and outage timeouts on durable backends).
+
+    Every method that changes jobs is cancel-atomic on its own: it raises `Cancelled` only if it
+    changed nothing (a cancellation is honoured before the change starts, never once it is
+    made). `Client.enqueue` and `Client.cancel` call `insert_many` and `cancel` unshielded and
+    promise their callers exactly that; the runtime shields `claim` (a claim cut after it
+    committed would leave its jobs running with no worker) and writes outcomes from its own
+    task."""
 
     url: str
     """Where the jobs are, with any password redacted: safe for logs."""
     poll_interval: float | None
     """Fallback fetch period when the backend cannot push every wake-up to other processes
     (None: it can, or there are none)."""
-    atomic: bool
-    """True if no call ever yields to other tasks (memory): a call cannot be cut in half by a
-    cancellation, so callers need not shield it."""
+    never_yields: bool
+    """True if no call ever yields to other tasks (memory): no call can be cut by a
+    cancellation at all, so the runtime need not shield a claim."""
 
     def now(self) -> float:
         """The backend's clock, in seconds: every `run_at`, heartbeat and cutoff is on it."""
@@ -179,17 +186,20 @@ class JobStore(Protocol):
         ...
 
     def check_budget(self, workers: int) -> None:
-        """`ConfigError` if `workers` pool-using workers (plus the runtime's own needs) would
-        exceed this backend's connection budget. Called before `open`."""
+        """`ConfigError` (saying what to change) if `workers` pool-using workers (plus the
+        runtime's own needs) would exceed this backend's connection budget; any backend takes
+        one. Called before `open`; raises nothing else."""
         ...
 
     async def insert_many(self, jobs: Sequence[NewJob]) -> list[InsertResult]:
         """Add `jobs`, in order, in one transaction: all or none.
 
         A job whose `unique_key` is held by a job that is not final adds nothing and gets the
-        holder's id with `existing=True` (a key twice in one batch: the first job's id twice).
-        A job with no `run_at`, or one not after `now()`, is `available`; otherwise `scheduled`.
-        Returns one result per job, in order. Emits `JobsAvailable(queue)` per queue with a job
+        holder's id with `existing=True` (a key twice in one batch: the first job's id twice);
+        a final job holds its key no more. A job with no `run_at`, or one not after `now()`, is
+        `available` with `run_at = now()`; otherwise `scheduled`. Every new job has attempt 0 and
+        `created_at = now()`; new ids ascend in the batch's order. Returns one result per job, in
+        order (an empty batch: nothing, and no event). Emits `JobsAvailable(queue)` per queue with a job
         due now and `JobsAvailable(queue, due)` with the earliest `run_at` per queue with later
         ones, after the transaction committed. Not retried on a lost connection (the outcome is
         unknown): `BackendUnavailable` says so."""
@@ -198,17 +208,23 @@ class JobStore(Protocol):
     async def claim(self, queue: str, limit: int) -> ClaimResult:
         """Move up to `limit` due jobs of `queue` to `running`, highest priority first, then
         oldest `run_at`, then lowest id (a scheduled or retryable job whose `run_at` has come is
-        due), count an attempt on each, start its heartbeat, and return them in that order,
-        with the earliest `run_at` of the queue's jobs not due yet. Atomic: concurrent claims
-        (any process) never return the same job. Emits nothing."""
+        due), count an attempt on each, set `attempted_at` and start its heartbeat at `now()`,
+        and return them in that order, with the earliest `run_at` of the queue's pending jobs
+        not due yet (None: there is none). Running and final rows, and other queues' rows, are
+        never taken; `limit` 0 takes nothing. Atomic: concurrent claims (any process) never
+        return the same job. Emits nothing."""
         ...
 
     async def finish_many(self, outcomes: Sequence[Outcome]) -> None:
         """End attempts: each outcome changes its job's row as `transitions.after_outcome`
         decides, and only if the job is still `running` under the outcome's attempt (a stale
-        outcome is ignored). The error, if any, is appended (the latest `MAX_ERRORS_KEPT`
+        outcome, or one for a row that is not running or does not exist, is ignored: the row is
+        left as it is and nothing is emitted for it). A final state sets `finalized_at` and
+        frees the job's unique key. The error, if any, is appended (the latest `MAX_ERRORS_KEPT`
         kept). One transaction for the batch. Emits `JobFinalized(id, state, last error)` per job
         made final and `JobsAvailable` per job that may run again (with its `run_at` if later).
+        A batch holds at most one outcome per attempt (an attempt ends once); with two, which
+        one is stored is not specified.
         Any exception but `BackendUnavailable` means the backend refused this batch's content:
         the completer isolates the outcome it cannot store and writes the others."""
         ...
@@ -222,31 +238,37 @@ class JobStore(Protocol):
 
     async def heartbeat(self, running: Sequence[tuple[int, int]]) -> HeartbeatResult:
         """Renew the heartbeat of each (job id, attempt) still `running` under that attempt.
-        Reports the pairs that are not (lost: rescued, finished elsewhere, deleted) and the ids
-        whose cancellation was requested. Emits nothing. Safe to repeat."""
+        Reports the pairs that are not (lost: rescued, finished elsewhere, deleted, never
+        existed) and the ids whose cancellation was requested among those
+        still owned. Emits nothing. Safe to repeat."""
         ...
 
     async def rescue(self, stale_before: float) -> list[int]:
         """Every `running` job whose heartbeat is older than `stale_before`, or missing, ends
         its attempt as `transitions.after_rescue` decides (the attempt counts as failed; a job
         with no attempt left is discarded, one whose cancellation was requested is cancelled),
-        with an error saying so. Returns the rescued ids, ascending. Emits `JobsAvailable` /
+        with an error saying so (`rows.rescue_message`). Rows that are not `running` are left
+        alone. Returns the rescued ids, ascending. Emits `JobsAvailable(queue)` /
         `JobFinalized` for them. Concurrent rescues (any process) never rescue a job twice."""
         ...
 
     async def delete_finished(self, before: Mapping[JobState, float], limit: int) -> int:
         """Retention: delete at most `limit` final jobs of the states in `before`, each finalized
-        before its state's cutoff, oldest first; returns how many (the caller calls again while
-        it is `limit`, so no single call is a long sweep). Emits nothing."""
+        before its state's cutoff, oldest (first finalized) first within each state; returns
+        how many (the caller calls again while it is `limit`, so no single call is a long
+        sweep). Pending and running rows are never deleted, whatever `before` names. A deleted
+        job's failed and interrupted attempts leave `stats` with it. Emits nothing."""
         ...
 
     async def get_job(self, job_id: int) -> Job:
-        """A snapshot of one job. A row the backend cannot read is set aside or repaired
-        (`backends.rows`), never raised. Raises `JobNotFound`."""
+        """A snapshot of one job (later changes do not show in it). A row the backend cannot read
+        is set aside or repaired (`backends.rows`), never raised. Raises `JobNotFound`."""
         ...
 
     async def stats(self) -> Mapping[str, QueueCounts]:
-        """Per queue: jobs by state, failed and interrupted attempts, over the jobs kept."""
+        """Per queue that holds jobs (a queue with none is absent, even if it was claimed
+        from): jobs by state, failed and interrupted attempts, over the jobs kept. Emits
+        nothing."""
         ...
 
 
@@ -255,15 +277,21 @@ class Notifier(Protocol):
     """Events from the backend to the runtime, and the backend's own background service."""
 
     def add_listener(self, listener: Listener) -> None:
-        """Deliver every later event to `listener` (synchronously, in order)."""
+        """Deliver every later event to `listener`: synchronously (before the call that emits
+        it returns), in order, to every listener alike."""
         ...
 
-    def remove_listener(self, listener: Listener) -> None: ...
+    def remove_listener(self, listener: Listener) -> None:
+        """Deliver nothing more to `listener` (added before); the other listeners go on."""
+        ...
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The backend's own background work (PostgreSQL: the LISTEN connection; SQLite: its
         wake-up socket), run by the runtime as a service until cancelled. Reports started when
-        wake-ups from other processes flow (or when it gave up for now: polling covers it)."""
+        wake-ups from other processes flow (or when it gave up for now: polling covers it);
+        from then on an insert by another instance on the same store reaches the listeners as
+        a `JobsAvailable` hint. The backend stays usable while it runs, and it may be served
+        again after it ended."""
         ...
 
 
@@ -279,6 +307,8 @@ class TransactionalEnqueue(Protocol):
     def insert_sql(self, job: NewJob, now: float) -> tuple[Any, tuple[Any, ...]]:
         """The statement and parameters that insert `job` and queue its wake-up, to run on the
         caller's connection inside its transaction: the job exists, and its wake-up is sent,
-        only if that transaction commits. Returns one row (the id), or none when `unique_key`
-        is held by a pending job."""
+        only if that transaction commits. The statement returns one row whose first column is
+        the new job's id, or no row when `unique_key` is held by a job that is not final (the
+        caller learns nothing of the holder: no lookup runs inside its transaction). The job is
+        stored as `insert_many` would store it."""
         ...

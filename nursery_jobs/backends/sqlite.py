@@ -24,9 +24,9 @@ processes on other hosts, which SQLite does not support well anyway. ``?wake=off
 turns the sockets off: poll only.
 
 Clock: Unix time by default; tests pass `clock=trio.current_time` so `MockClock` drives it.
-The property suite also passes `_blocking_io=True`: calls then run on the Trio thread itself,
-which a service must never do but which lets MockClock's autojump see a database call as work;
-that mode has no wake-up sockets (the suite runs in one process).
+A subclass that sets `_blocking_io = True` (the test suites' deterministic SQLite) makes every
+call on the Trio thread itself, which a service must never do but which lets MockClock's
+autojump see a database call as work; that mode has no wake-up sockets (it runs in one process).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import json
 import logging
 import sqlite3
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 from urllib.parse import parse_qs
 
 import trio
@@ -146,7 +146,10 @@ class SqliteBackend:
     """Jobs in one SQLite file, shared safely by every process that opens it."""
 
     poll_interval: float | None = 1.0
-    atomic = False
+    never_yields = False
+    _blocking_io: ClassVar[bool] = False
+    """Every database call blocks the Trio thread: set only by a test subclass that runs the
+    runtime under `MockClock(autojump_threshold=0)`, never by a service."""
 
     def __init__(
         self,
@@ -157,7 +160,6 @@ class SqliteBackend:
         busy_timeout: float = 10.0,
         outage_timeout: float = 30.0,
         wake: bool = True,
-        _blocking_io: bool = False,
     ) -> None:
         self.path = path
         self.url = f"sqlite:///{path}"
@@ -168,9 +170,8 @@ class SqliteBackend:
         self._conn: sqlite3.Connection | None = None
         self._lock = trio.Lock()
         self._limiter = trio.CapacityLimiter(1)
-        self._blocking_io = _blocking_io
         self._listeners: list[Listener] = []
-        self._wake = WakeRegistry(path) if wake and not _blocking_io else None
+        self._wake = WakeRegistry(path) if wake and not self._blocking_io else None
         self._workers: int | None = None
         """The most queue workers a runtime on this backend has (`check_budget`); None: unknown."""
 
@@ -640,7 +641,7 @@ class SqliteBackend:
             for state, cutoff in sorted(before.items()):
                 cur = conn.execute(
                     "DELETE FROM nj_jobs WHERE id IN (SELECT id FROM nj_jobs WHERE state = ? AND finalized_at < ?"
-                    " LIMIT ?)",
+                    " ORDER BY finalized_at LIMIT ?)",
                     (JobState(state).value, cutoff, limit - deleted),
                 )
                 deleted += cur.rowcount

@@ -116,7 +116,7 @@ class AttemptRegistry:
 class KindRunner(NamedTuple):
     """What an attempt of one kind needs, built once at start-up."""
 
-    kind: JobKind[Any, Any]
+    job_kind: JobKind[Any, Any]
     timeout: float | None
     retry: RetryPolicy
     call: Callable[[JobContext, dict[str, Any]], Awaitable[Any]]

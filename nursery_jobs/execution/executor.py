@@ -11,11 +11,11 @@ hung queue starve the others. Instead each queue owns:
 - `max_workers` long-lived worker tasks. The pool size *is* the bound, so no limiter is needed;
   an idle worker parks in the queue's idle list with its own mailbox.
 - one fetcher, which claims as many due jobs as there are idle workers in a single backend call
-  and hands each claimed job straight to an idle worker. A "wake-up" flag is raised by every
-  insert notification and cleared *before* each claim, so a wake-up that lands while a claim is in
-  flight triggers another claim: there is no cooldown that can drop an insert. When nothing is
-  due the fetcher sleeps until the earliest scheduled `run_at` the backend reported, a wake-up, or
-  a free worker.
+  and hands each claimed job straight to an idle worker. Every insert notification reaches it as
+  a wake-up (`wake_up`), which raises a claim-now flag that is cleared *before* each claim, so a
+  wake-up that lands while a claim is in flight triggers another claim: there is no cooldown that
+  can drop an insert. When nothing is due the fetcher sleeps until the earliest scheduled
+  `run_at` the backend reported, a wake-up, or a free worker.
 - backpressure: an outcome not written yet is a job still `running` in the backend, so the
   fetcher stops claiming while more than `outcome_slack` of the queue's outcomes wait for the
   completer (`_room`); a slow write can never let running rows pile up.
@@ -91,8 +91,8 @@ class QueueExecutor:
         self._rng = rng
         self._on_exit = on_exit
         self._idle: list[Mailbox[ClaimedJob]] = []
-        self._kick = Wakeup()
-        self._wake = True  # claim once at start-up: jobs may be waiting from before
+        self._fetcher_wakeup = Wakeup()
+        self._claim_now = True  # claim once at start-up: jobs may be waiting from before
         self._next_due = math.inf
         self._claiming = True
         self._claim_scope: trio.CancelScope | None = None
@@ -111,18 +111,19 @@ class QueueExecutor:
 
     # -- notifications (synchronous, called from backend events, workers and the completer) --
 
-    def wake(self, due: float | None) -> None:
+    def wake_up(self, due: float | None) -> None:
+        """A wake-up from the backend: jobs are due now (`due` None), or at `due` at the earliest."""
         if due is None:
-            self._wake = True
-            self._kick.set()
+            self._claim_now = True
+            self._fetcher_wakeup.set()
         elif due < self._next_due:
             self._next_due = due
-            self._kick.set()
+            self._fetcher_wakeup.set()
 
     def outcomes_written(self, n: int) -> None:
         """The completer wrote `n` of this queue's outcomes: room to claim again."""
         self.unwritten -= n
-        self._kick.set()
+        self._fetcher_wakeup.set()
 
     def _room(self) -> int:
         """How many jobs a claim may take now: one per idle worker, less what the completer
@@ -133,7 +134,7 @@ class QueueExecutor:
 
     def stop_claiming(self) -> None:
         self._claiming = False
-        self._kick.set()
+        self._fetcher_wakeup.set()
         if self._claim_scope is not None:
             # A claim in flight is shielded from the shutdown, but not for longer than this.
             self._claim_scope.deadline = min(self._claim_scope.deadline, trio.current_time() + self._flush_bound)
@@ -173,7 +174,7 @@ class QueueExecutor:
         while self._claiming:
             now = backend.now()
             room = self._room()
-            if room <= 0 or not (self._wake or now >= self._next_due):
+            if room <= 0 or not (self._claim_now or now >= self._next_due):
                 wait_until = poll_at = math.inf
                 if room > 0:
                     if self._next_due < math.inf:
@@ -182,14 +183,14 @@ class QueueExecutor:
                         poll_at = trio.current_time() + poll
                 until = min(wait_until, poll_at)
                 if until == math.inf:
-                    await self._kick.wait()  # no deadline: spare a cancel scope per batch
+                    await self._fetcher_wakeup.wait()  # no deadline: spare a cancel scope per batch
                 else:
                     with trio.move_on_at(until):
-                        await self._kick.wait()
+                        await self._fetcher_wakeup.wait()
                 if trio.current_time() >= poll_at:
-                    self._wake = True  # no wake-up came in time: look anyway
+                    self._claim_now = True  # no wake-up came in time: look anyway
                 continue
-            self._wake = False
+            self._claim_now = False
             # Due times reported during the claim must survive it: the claim's own answer was
             # read before they were written. Start from inf and merge both.
             self._next_due = math.inf
@@ -199,7 +200,7 @@ class QueueExecutor:
             # whatever it returns is either handed to a worker or given back. The backend
             # bounds the call itself (statement and outage timeouts); once shutdown begins,
             # `stop_claiming` bounds it by `flush_bound` too.
-            if backend.atomic:
+            if backend.never_yields:
                 result = await backend.claim(self.name, limit)  # never yields: cannot be cut
             else:
                 answer: ClaimResult | None = None
@@ -230,7 +231,7 @@ class QueueExecutor:
                 self._idle.pop().put(job)
             await trio.lowlevel.checkpoint_if_cancelled()
             if len(result.jobs) == limit:
-                self._wake = True  # the queue may hold more than we had room for
+                self._claim_now = True  # the queue may hold more than we had room for
             if not self._claiming:
                 break
         # Claimed jobs handed out above and already started still run: they are part of the
@@ -246,7 +247,7 @@ class QueueExecutor:
         try:
             while self._claiming:
                 self._idle.append(box)
-                self._kick.set()
+                self._fetcher_wakeup.set()
                 try:
                     job = await box.get()
                 except trio.Cancelled:
@@ -270,7 +271,7 @@ class QueueExecutor:
                     continue
                 try:
                     args = decode_args(job.args_json)
-                    runner.kind.check_args(args)  # stored args that no call could bind fail every attempt alike
+                    runner.job_kind.check_args(args)  # stored args that no call could bind fail every attempt alike
                 except ValueError as exc:  # ArgsError too
                     what = "do not fit the handler" if isinstance(exc, ArgsError) else "could not be decoded"
                     self._discard(job, clean_text(f"job args {what}: {exc}"))

@@ -12,7 +12,7 @@ psycopg first, every async psycopg call under trio-asyncio failed with "no runni
 Importing this module (the runtime does so only when an asyncio job kind runs, or an async
 connection is passed to `enqueue_tx`) points psycopg's binding at trio-asyncio's function if
 psycopg was imported first (`_rebind_psycopg`). That one name of psycopg's is pinned by a test
-(tests/infra), with the psycopg versions it was checked on.
+(tests/backends/postgres/test_psycopg_pins.py), with the psycopg versions it was checked on.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The runtime end to end through its public API, written once and run with the same expectations on every backend."""

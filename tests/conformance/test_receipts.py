@@ -69,3 +69,25 @@ async def test_wait_needs_a_finite_bound(make_backend, autojump_clock, bad):
     async with nj.open_runtime(app, backend=make_backend()) as rt:
         with pytest.raises(nj.ConfigError, match="every wait is bounded"):
             await rt.wait(1, timeout=bad)
+
+
+async def test_a_receipt_awaited_in_another_process_polls_at_the_queues_interval(store, autojump_clock):
+    """A receipt awaited in another process than the one running the job (an enqueue-only web
+    process) learns of the outcome within the job's queue's `poll_interval`, not the backend's
+    (60 s here): two instances on one store deliver nothing in-process to each other."""
+    app = nj.App()
+    app.queue("search", max_workers=2, timeout=30, poll_interval=0.1)
+    finished_at: list[float] = []
+
+    @app.job(queue="search")
+    async def index(ctx: nj.JobContext) -> None:
+        await trio.sleep(1.03)
+        finished_at.append(trio.current_time())
+
+    async with nj.open_runtime(app, backend=store.open(), queues=[]) as web:
+        async with nj.open_runtime(app, backend=store.open(), queues=["search"]):
+            job_id = await index.enqueue()
+            receipt = await web.wait(job_id, timeout=10)
+            assert receipt.state is nj.JobState.COMPLETED
+            answered = trio.current_time()
+    assert 0 <= answered - finished_at[0] <= 0.1 + 1e-6

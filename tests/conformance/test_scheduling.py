@@ -170,3 +170,43 @@ async def test_enqueue_many_is_one_batch_in_order(make_backend, autojump_clock):
         for i in ids:
             await rt.wait(i, timeout=10)
     assert sorted(seen) == list(range(50))
+
+
+async def test_one_job_per_key_under_concurrent_enqueues_from_several_processes(store):
+    """Several instances on one store (separate connections, as separate processes) enqueue
+    the same keys at once: the store, not a check-then-insert, keeps one job per key. Real time:
+    the race is between real connections."""
+    import random
+
+    keys, callers = 60, 3
+    app = nj.App()
+
+    @app.job()
+    async def sync_account(ctx: nj.JobContext, account: int) -> None:
+        pass
+
+    backends = [store.open() for _ in range(callers)]
+    got: dict[int, list[nj.JobId]] = {k: [] for k in range(keys)}
+
+    async def caller(backend: nj.Backend, seed: int) -> None:
+        order = list(range(keys))
+        random.Random(seed).shuffle(order)
+        # enqueue-only: nothing runs, so every key stays held for the whole race
+        async with nj.open_runtime(app, backend=backend, queues=[]) as rt:
+            for k in order:
+                got[k].append(await rt.enqueue("sync_account", {"account": k}, unique_key=f"acct:{k}"))
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for i, backend in enumerate(backends):
+                nursery.start_soon(caller, backend, i)
+        await backends[0].open()
+        counts = await backends[0].stats()
+    finally:
+        for backend in backends:
+            await backend.close()
+    for k, ids in got.items():
+        assert len(ids) == callers
+        assert len(set(ids)) == 1, f"key {k}: callers got different jobs {ids}"
+        assert sum(not i.existing for i in ids) == 1, f"key {k}: {[i.existing for i in ids]}"
+    assert sum(c.available for c in counts.values()) == keys

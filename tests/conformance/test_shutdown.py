@@ -139,3 +139,96 @@ async def test_job_that_ignores_cancellation_is_named_and_exit_still_waits(make_
         await stubborn.enqueue()
         await trio.sleep(1)
     assert "ignored cancellation" in caplog.text and "stubborn" in caplog.text
+
+
+# -- a backend that stops answering (a database that hangs without closing the connection) --
+
+
+class Hanging:
+    """The test's backend, until told to hang: then outcome writes, or claims, never answer.
+    Its calls round-trip (not `never_yields`), as on a durable backend."""
+
+    never_yields = False
+
+    def __init__(self, inner: nj.Backend) -> None:
+        self.inner = inner
+        self.hang_finish = False
+        self.hang_claim = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    async def finish_many(self, outcomes: object) -> None:
+        if self.hang_finish:
+            await trio.sleep_forever()
+        await self.inner.finish_many(outcomes)  # type: ignore[arg-type]
+
+    async def claim(self, queue: str, limit: int) -> object:
+        if self.hang_claim:
+            await trio.sleep_forever()
+        return await self.inner.claim(queue, limit)
+
+
+@pytest.fixture
+def fail_loudly_if_the_shutdown_hangs():
+    # A shutdown that waits in a shield for ever deadlocks MockClock too (no deadline left to
+    # jump to): without this a regression would hang the suite instead of failing it.
+    import faulthandler
+
+    faulthandler.dump_traceback_later(60, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+def _work_app() -> nj.App:
+    app = nj.App()
+
+    @app.job(timeout=None)
+    async def work(ctx: nj.JobContext, seconds: float) -> None:
+        await trio.sleep(seconds)
+
+    return app
+
+
+async def test_outcome_writes_that_never_answer_cannot_hang_the_shutdown(
+    make_backend, autojump_clock, caplog, fail_loudly_if_the_shutdown_hangs
+):
+    """`open_runtime` exits within `grace + 3 * flush_bound` and says which outcomes it could
+    not write."""
+    import logging
+
+    backend = Hanging(make_backend())
+    settings = nj.RuntimeSettings(grace=1, flush_bound=0.5)
+    with trio.fail_after(100):  # a hang shows up as this error, not as a stuck test
+        async with nj.open_runtime(_work_app(), backend=backend, settings=settings) as rt:  # type: ignore[arg-type]
+            quick = await rt.enqueue("work", {"seconds": 0})
+            assert (await rt.wait(quick, timeout=5)).done
+            backend.hang_finish = True
+            done_soon = await rt.enqueue("work", {"seconds": 0.5})
+            cut = await rt.enqueue("work", {"seconds": 60})
+            await trio.sleep(0.1)
+            t0 = trio.current_time()
+        elapsed = trio.current_time() - t0
+    await backend.inner.close()
+    assert elapsed <= 1 + 3 * 0.5 + 1e-6
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("did not take the last outcomes within flush_bound (0.5 s)" in e for e in errors), errors
+    unwritten = next(e for e in errors if "not written" in e)
+    assert f"job {done_soon}" in unwritten and f"job {cut}" in unwritten
+
+
+async def test_a_claim_that_never_answers_is_cut_at_the_flush_bound(
+    make_backend, autojump_clock, caplog, fail_loudly_if_the_shutdown_hangs
+):
+    backend = Hanging(make_backend())
+    settings = nj.RuntimeSettings(grace=1, flush_bound=0.5)
+    with trio.fail_after(100):
+        async with nj.open_runtime(_work_app(), backend=backend, settings=settings) as rt:  # type: ignore[arg-type]
+            backend.hang_claim = True
+            await rt.enqueue("work", {"seconds": 0})  # wakes the fetcher into a claim that hangs
+            await trio.sleep(0.1)
+            t0 = trio.current_time()
+        elapsed = trio.current_time() - t0
+    await backend.inner.close()
+    assert elapsed <= 1 + 3 * 0.5 + 1e-6
+    assert "did not answer within flush_bound (0.5 s)" in caplog.text

@@ -1,70 +1,47 @@
 """Shared helpers for the lint's tests (imported by conftest.py and the test modules).
 
-The import package ``nursery_jobs_lint`` lives in the ``lint/`` folder (mapped by
-``[tool.setuptools.package-dir]``). Tests must exercise *this checkout's* copy, whether or not the
-distribution is installed (editable or not, possibly from another checkout), so the package is
-loaded from ``lint/`` under the name ``nursery_jobs_lint`` unless the importable one already is
-that folder. Subprocess runs get a PYTHONPATH entry holding a ``nursery_jobs_lint`` symlink to the
-same folder, so ``python -m nursery_jobs_lint`` is tested for real.
+The import package ``nursery_jobs_lint`` is the folder of that name at the repository root, next
+to ``nursery_jobs``. pytest puts the root on ``sys.path`` (``tests`` is a package), so in-process
+tests import this checkout's copy, whatever is installed; subprocess runs get the root on
+``PYTHONPATH`` for the same reason, so ``python -m nursery_jobs_lint`` is tested for real.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import pathlib
 import re
 import subprocess
-import sys
 import tomllib
 from collections.abc import Callable, Iterator
 
 import pytest
 
+import nursery_jobs_lint
+from nursery_jobs_lint.cli import main
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
-LINT_DIR = REPO / "lint"
+LINT_DIR = REPO / "nursery_jobs_lint"
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
-
-
-def _load_lint_package() -> None:
-    existing = sys.modules.get("nursery_jobs_lint")
-    if existing is None:
-        try:
-            import nursery_jobs_lint as existing
-        except ImportError:
-            existing = None
-    if existing is not None and pathlib.Path(existing.__file__ or "").resolve().parent == LINT_DIR.resolve():
-        return
-    for name in [n for n in sys.modules if n == "nursery_jobs_lint" or n.startswith("nursery_jobs_lint.")]:
-        del sys.modules[name]
-    spec = importlib.util.spec_from_file_location(
-        "nursery_jobs_lint", LINT_DIR / "__init__.py", submodule_search_locations=[str(LINT_DIR)]
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["nursery_jobs_lint"] = module
-    spec.loader.exec_module(module)
-
-
-_load_lint_package()
-
-from nursery_jobs_lint.cli import main  # noqa: E402
+assert pathlib.Path(nursery_jobs_lint.__file__ or "").resolve().parent == LINT_DIR, (
+    f"the lint's tests imported {nursery_jobs_lint.__file__}, not this checkout's {LINT_DIR}: "
+    "run pytest from the repository root (tests/ is a package, so the root goes on sys.path)"
+)
 
 
 @pytest.fixture(scope="session")
-def lint_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def lint_env() -> dict[str, str]:
     """Environment for subprocesses in which ``import nursery_jobs_lint`` finds this checkout."""
-    shim = tmp_path_factory.mktemp("lint_shim")
-    (shim / "nursery_jobs_lint").symlink_to(LINT_DIR, target_is_directory=True)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(shim), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     env.pop("PYTHONSAFEPATH", None)
     return env
 
 
 @pytest.fixture(scope="session")
-def lint_shim_dir(lint_env: dict[str, str]) -> str:
-    return lint_env["PYTHONPATH"].split(os.pathsep)[0]
+def lint_import_dir() -> str:
+    """The folder holding this checkout's ``nursery_jobs_lint`` (for flake8's local-plugins paths)."""
+    return str(REPO)
 
 
 class CliResult:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from lint_support import REPO, CliResult, Project, real_lint_table, real_lint_table_text
+from .lint_support import REPO, CliResult, Project, real_lint_table, real_lint_table_text
 from nursery_jobs_lint.config import Config, compile_glob
 
 Run = Callable[..., CliResult]

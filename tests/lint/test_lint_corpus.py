@@ -12,7 +12,6 @@ import textwrap
 
 import pytest
 
-import lint_support  # noqa: F401  (loads this checkout's nursery_jobs_lint)
 from nursery_jobs_lint.checker import check_source
 from nursery_jobs_lint.config import Config
 

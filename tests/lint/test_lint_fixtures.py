@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from lint_support import FIXTURES, REPO, main
+from .lint_support import FIXTURES, REPO, main
 from nursery_jobs_lint.checker import check_source
 from nursery_jobs_lint.config import Config
 from nursery_jobs_lint.rules import RULES

@@ -10,7 +10,6 @@ import sys
 
 import pytest
 
-import lint_support  # noqa: F401
 from nursery_jobs_lint.flake8_plugin import _CONFIG_CACHE, Plugin
 
 TABLE = '[tool.nursery_jobs.lint]\ninclude = ["pkg"]\nallow = ["pkg/infra/**"]\n'
@@ -47,11 +46,11 @@ def test_plugin_reports_a_bad_config_instead_of_crashing(project: pathlib.Path) 
     assert found == [(1, 0, "NJS001")]
 
 
-def test_real_flake8_runs_the_plugin_and_honours_noqa(project: pathlib.Path, lint_shim_dir: str) -> None:
+def test_real_flake8_runs_the_plugin_and_honours_noqa(project: pathlib.Path, lint_import_dir: str) -> None:
     pytest.importorskip("flake8", reason="flake8 is an optional extra")
     (project / ".flake8").write_text(
         "[flake8]\nselect = NJS\n\n"
-        f"[flake8:local-plugins]\nextension =\n    NJS = nursery_jobs_lint.flake8_plugin:Plugin\npaths = {lint_shim_dir}\n"
+        f"[flake8:local-plugins]\nextension =\n    NJS = nursery_jobs_lint.flake8_plugin:Plugin\npaths = {lint_import_dir}\n"
     )
     (project / "pkg" / "job.py").write_text(
         "nursery.start_soon(f)\n"

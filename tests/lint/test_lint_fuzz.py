@@ -13,7 +13,6 @@ import hypothesmith
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-import lint_support  # noqa: F401
 from nursery_jobs_lint.checker import check_source
 from nursery_jobs_lint.config import Config
 

@@ -8,7 +8,6 @@ import textwrap
 
 import pytest
 
-import lint_support  # noqa: F401
 from nursery_jobs_lint.checker import check_source
 from nursery_jobs_lint.config import Config
 from nursery_jobs_lint.scopes import Binder, Resolver, resolve_relative

@@ -42,7 +42,6 @@ from hypothesis import strategies as st
 import nursery_jobs as nj
 from tests.properties.faults import NO_FAULTS, Faults
 from nursery_jobs.backends import JobFinalized, JobsAvailable, OutcomeKind
-from nursery_jobs.backends.sqlite import SqliteBackend
 
 from .audit import PropertyFailed, TaskAudit, context_job, expect, walk_tree
 from .model import DISCARD, HANG, HANG_S, OK, RAISE, SNOOZE, JobSpec, Model, QueueSpec, Step
@@ -373,67 +372,90 @@ class HarnessBackend(_Harness, nj.MemoryBackend):
         return job
 
 
-class SqliteHarnessBackend(_Harness, SqliteBackend):
-    """A fresh SQLite file per example, its calls made on the Trio thread (`_blocking_io`), so
-    the example stays deterministic under autojump; Trio's virtual clock is the backend's."""
+class _Forward:
+    """A backend made of another: every protocol call goes to `inner`, unchanged (no
+    checkpoint added), so `_Harness` can wrap any registered backend."""
 
-    poll_interval = None  # one process: every wake-up is delivered in-process
+    def __init__(self, inner: nj.Backend) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.poll_interval = inner.poll_interval
+        self.never_yields = inner.never_yields
 
-    def __init__(self, world: World, path: str, *, claim_yields: bool = False, crash_at: int | None = None) -> None:
-        SqliteBackend.__init__(self, path, synchronous="NORMAL", clock=trio.current_time, _blocking_io=True)
+    def now(self) -> float:
+        return self.inner.now()
+
+    async def open(self) -> None:
+        await self.inner.open()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def check_budget(self, workers: int) -> None:
+        self.inner.check_budget(workers)
+
+    async def insert_many(self, jobs: Any) -> Any:
+        return await self.inner.insert_many(jobs)
+
+    async def claim(self, queue: str, limit: int) -> Any:
+        return await self.inner.claim(queue, limit)
+
+    async def finish_many(self, outcomes: Any) -> None:
+        await self.inner.finish_many(outcomes)
+
+    async def cancel(self, job_id: int) -> nj.JobState:
+        return await self.inner.cancel(job_id)
+
+    async def heartbeat(self, running: Any) -> Any:
+        return await self.inner.heartbeat(running)
+
+    async def rescue(self, stale_before: float) -> list[int]:
+        return await self.inner.rescue(stale_before)
+
+    async def delete_finished(self, before: Any, limit: int) -> int:
+        return await self.inner.delete_finished(before, limit)
+
+    async def get_job(self, job_id: int) -> nj.Job:
+        return await self.inner.get_job(job_id)
+
+    async def stats(self) -> Any:
+        return await self.inner.stats()
+
+    def add_listener(self, listener: Any) -> None:
+        self.inner.add_listener(listener)
+
+    def remove_listener(self, listener: Any) -> None:
+        self.inner.remove_listener(listener)
+
+    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        await self.inner.serve(task_status=task_status)
+
+
+class WrappedHarnessBackend(_Harness, _Forward):
+    """A registered backend (`tests/registry.py`, its `harness` build: a fresh store per
+    example, calls on the Trio thread, Trio's virtual clock) with the harness's additions."""
+
+    def __init__(self, world: World, inner: nj.Backend, *, claim_yields: bool = False, crash_at: int | None = None) -> None:
+        _Forward.__init__(self, inner)
         self._harness(world, claim_yields, crash_at)
-
-
-@functools.lru_cache(maxsize=None)
-def _postgres_harness_class() -> type:
-    from nursery_jobs.backends.postgres import PostgresBackend
-
-    class PostgresHarnessBackend(_Harness, PostgresBackend):  # type: ignore[misc, valid-type]
-        """A fresh schema per example, blocking I/O on the Trio thread (`_blocking_io`), and no
-        LISTEN connection: with one process every NOTIFY is our own echo, which the backend
-        drops anyway, and a listener's socket would be a wait autojump cannot see through."""
-
-        def __init__(
-            self, world: World, url: str, schema: str, *, claim_yields: bool = False, crash_at: int | None = None
-        ) -> None:
-            PostgresBackend.__init__(
-                self, url, schema=schema, clock=trio.current_time, poll_interval=None, _blocking_io=True
-            )
-            self._harness(world, claim_yields, crash_at)
-
-        async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-            task_status.started()
-            await trio.sleep_forever()
-
-    return PostgresHarnessBackend
 
 
 @dataclass(frozen=True)
 class Store:
-    """Which backend an example runs on: `memory`, or a durable one with where to put it (a
-    folder for SQLite files, a database URL for PostgreSQL schemas)."""
+    """Which backend an example runs on: memory (the harness's own `HarnessBackend`, where the
+    mutants are planted), or a registered backend built by its `harness` function."""
 
-    kind: str = "memory"
-    where: str = ""
+    name: str = "memory"
+    build: Callable[[], nj.Backend] | None = None
 
     def backend(self, world: World, faults: Faults, claim_yields: bool, crash_at: int | None) -> Any:
-        if self.kind == "memory":
+        if self.build is None:
             return HarnessBackend(world, faults=faults, claim_yields=claim_yields, crash_at=crash_at)
         assert faults == NO_FAULTS, "mutants are planted in the memory backend only"
-        n = next(_example_numbers)
-        if self.kind == "sqlite":
-            return SqliteHarnessBackend(world, f"{self.where}/example-{n}.db", claim_yields=claim_yields, crash_at=crash_at)
-        if self.kind == "postgres":
-            from tests import pgutil
-
-            return _postgres_harness_class()(
-                world, self.where, pgutil.new_schema(self.where), claim_yields=claim_yields, crash_at=crash_at
-            )
-        raise AssertionError(self.kind)
+        return WrappedHarnessBackend(world, self.build(), claim_yields=claim_yields, crash_at=crash_at)
 
 
 MEMORY = Store()
-_example_numbers = itertools.count(1)
 
 
 # -- strategies: scripted jobs are data, not code --

@@ -1,12 +1,14 @@
-"""The model-based properties again, on the durable backends: one model, every backend.
+"""The model-based properties again, on every registered backend but memory: one model, every backend.
 
-Each property's `check` is written once, in its own module; here it runs against SQLite (a
-fresh file per example) and PostgreSQL (a fresh schema per example). The runtime, the command
+Each property's `check` is written once, in its own module (which runs it on memory, with the
+mutants); here it runs on each backend of `tests/registry.py` that says how the harness builds
+it: SQLite (a fresh file per example), PostgreSQL (a fresh schema per example), and any backend
+registered since. The runtime, the command
 strategies, the model and the checks are the same as on memory; only the storage differs, so a
 SQL claim that breaks priority order, a finish that loses an outcome, a fencing condition that
 lets a stale attempt through or a restart that forgets an interrupted job turns these red.
 
-Determinism: the durable backends run their calls on the Trio thread here (`_blocking_io`),
+Determinism: the durable backends run their calls on the Trio thread here (`tests/deterministic.py`),
 so `MockClock(autojump_threshold=0)` never mistakes a database round trip for idleness, and the
 backend's clock is Trio's virtual clock. What this does not cover -- the thread and socket
 waits themselves -- the conformance suite covers with real I/O.
@@ -39,6 +41,8 @@ from . import (
     test_p14_cancel_atomic,
     test_p15_replay,
 )
+from tests import registry
+
 from .harness import Store, examples
 
 Check = Callable[..., None]
@@ -63,9 +67,8 @@ PROPERTIES: list[tuple[str, Check, int]] = [
 ]
 
 
-@pytest.fixture(scope="module")
-def sqlite_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(tmp_path_factory.mktemp("property-sqlite"))
+HARNESSED = [b for b in registry.all_backends() if b.harness is not None]
+CASES = [(b.name, p) for b in HARNESSED for p in PROPERTIES]
 
 
 def _run(check: Check, n: int, store: Store) -> None:
@@ -80,11 +83,9 @@ def _run(check: Check, n: int, store: Store) -> None:
     run()
 
 
-@pytest.mark.parametrize(("name", "check", "n"), PROPERTIES, ids=[p[0] for p in PROPERTIES])
-def test_property_on_sqlite(name: str, check: Check, n: int, sqlite_dir: str) -> None:
-    _run(check, n, Store("sqlite", sqlite_dir))
-
-
-@pytest.mark.parametrize(("name", "check", "n"), PROPERTIES, ids=[p[0] for p in PROPERTIES])
-def test_property_on_postgres(name: str, check: Check, n: int, pg_url: str) -> None:
-    _run(check, n, Store("postgres", pg_url))
+@pytest.mark.parametrize(("backend", "prop"), CASES, ids=[f"{b}-{p[0]}" for b, p in CASES])
+def test_property_on_backend(backend: str, prop: tuple[str, Check, int], request: pytest.FixtureRequest) -> None:
+    harness = registry.get(backend).harness
+    assert harness is not None
+    _name, check, n = prop
+    _run(check, n, Store(backend, harness(request)))

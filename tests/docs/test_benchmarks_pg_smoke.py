@@ -1,0 +1,129 @@
+"""The durable-backend benchmark scripts run, as users run them: subprocesses in ``--quick`` mode.
+
+No speed is asserted (``--check`` is never passed): these tests only keep the scripts from
+rotting. Each run is bounded by a subprocess timeout. The PostgreSQL scripts need the server the
+PostgreSQL tests use (tests/pgutil.py): off CI an unreachable server skips them, under CI=true it
+fails them. Each script creates and drops its own throwaway database.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests import pg_cluster, pgutil
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
+# The scripts read the same admin URL as the test suite.
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "NJ_BENCH_PG_URL": pgutil.ADMIN_URL}
+TIMEOUT = 240  # --quick takes seconds; the bound is for a loaded 2-core machine, not a speed claim
+pytestmark = pytest.mark.timeout(TIMEOUT + 60)  # the subprocess's own bound fires first and says more
+
+
+@pytest.fixture
+def postgres_reachable() -> None:
+    try:
+        with pgutil.admin_connect() as conn:
+            conn.execute("SELECT 1")
+    except psycopg.OperationalError as exc:
+        pgutil.unreachable(" ".join(str(exc).split()))
+
+
+def run_quick(script: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, str(BENCH / script), "--quick"],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def leftover_bench_databases() -> list[str]:
+    with pgutil.admin_connect() as conn:
+        rows = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'nj_bench_%'").fetchall()
+    return [r[0] for r in rows]
+
+
+@pytest.mark.usefixtures("postgres_reachable")
+def test_postgres_throughput_quick_mode_runs() -> None:
+    out = run_quick("postgres_throughput.py").stdout
+    for metric in (
+        "throughput ratio, 1 process",
+        "worker process(es)",
+        "enqueue one-by-one ratio",
+        "enqueue_many ratio",
+        "idle enqueue -> start p50",
+        "idle enqueue -> start p99",
+        "idle enqueue -> receipt p50",
+    ):
+        assert metric in out, out
+
+
+@pytest.mark.usefixtures("postgres_reachable")
+def test_bridge_quick_mode_runs() -> None:
+    out = run_quick("bridge.py").stdout
+    for label in (
+        "(a) former infra: thread + cancel watcher",
+        "(b) AsyncConnection via trio-asyncio",
+        "(c) sync psycopg",
+        "(d) infra PgPool.run: Trio-native waits",
+        "cancelled pg_sleep",
+    ):
+        assert label in out, out
+
+
+@pytest.mark.usefixtures("postgres_reachable")
+def test_pg_benchmarks_drop_their_databases() -> None:
+    """Run after the two above (file order): no database of theirs is left behind."""
+    mine = [name for name in leftover_bench_databases() if name.rsplit("_", 1)[-1].isdigit()]
+    alive = {name for name in mine if _pid_alive(int(name.rsplit("_", 1)[-1]))}
+    assert not [name for name in mine if name not in alive], mine
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def test_postgres_soak_smoke_mode_runs() -> None:
+    """The soak runs on a private cluster of its own (it needs the server binaries, not the
+    shared server): ~20 s of enqueue and drain with retention on, sampled every 2 s."""
+    if pg_cluster.find_bindir() is None:
+        pg_cluster._missing("no PostgreSQL server binaries (initdb) for the soak's private cluster")
+    result = subprocess.run(
+        [sys.executable, str(BENCH / "postgres_soak.py"), "--smoke"],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    out = result.stdout
+    for metric in ("claim buffers (hit + read)", "n_dead_tup", "heap MB", "index jobs_available MB",
+                   "autovacuums:", "HOT updates: 0 of", "drained:", "smoke run: nothing judged"):  # fmt: skip
+        assert metric in out, out
+    assert "jobs_due" not in out, out  # migration 0005 dropped it
+
+
+def test_sqlite_throughput_quick_mode_runs() -> None:
+    out = run_quick("sqlite_throughput.py").stdout
+    metrics = ("throughput ratio", "idle enqueue -> start p50", "idle enqueue -> receipt p50",
+               "cross-process enqueue -> start p50", "wake-ups off (poll 1 s): start p50", "one wake-up send")  # fmt: skip
+    for metric in metrics:
+        assert metric in out, out

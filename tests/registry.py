@@ -1,0 +1,328 @@
+"""The backends the test suites run on: one registration each.
+
+The contract (`tests/contract/`), conformance (`tests/conformance/`) and property
+(`tests/properties/`) suites take their backends from here and nowhere else, so a new backend
+(MariaDB, say) is one module that opens it and one `register(TestBackend(...))` call: every
+suite then runs on it under the id ``[<name>]``, with no edit to any suite.
+
+A backend registered outside this file is named in the environment, as modules to import
+before the suites are collected::
+
+    NJ_TEST_BACKENDS=tests.outoftree.delegating pytest tests/contract -k delegate
+
+Each module calls `register` when imported (`tests/outoftree/delegating.py` is one).
+
+What a registration says (`TestBackend`):
+
+- how to make a fresh throwaway store and open backend instances on it (`new_store`): a test
+  that models a restart passes one instance to two runtimes, one that models two processes
+  sharing a database opens two instances on one store (only where `Store.shared`);
+- on which `MockClock` autojump threshold its tests run (`autojump`): 0 for a backend that
+  never waits on a thread or a socket, more for one whose queries run on threads (the clock must
+  not jump while a query runs), None when virtual time does not apply at all (those tests skip);
+- how the property harness builds it (`harness`): one fresh, deterministic instance per
+  Hypothesis example;
+- how to write a row as something other than the runtime would (`damage`), for the damaged-row
+  tests of backends whose rows others can write;
+- for a backend with transactional enqueue, a connection of the caller's own (`transaction`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import itertools
+import os
+import sqlite3
+from typing import Any, Callable, ContextManager, Iterator
+
+import attrs
+import pytest
+import trio
+
+import nursery_jobs as nj
+
+__all__ = ["Damage", "Store", "TestBackend", "all_backends", "get", "names", "register"]
+
+ENV = "NJ_TEST_BACKENDS"
+
+
+@attrs.frozen
+class Store:
+    """One throwaway store (a file, a schema): `open()` builds a new, unopened backend instance
+    on it each call."""
+
+    open: Callable[[], nj.Backend]
+    shared: bool
+    """True when instances opened on this store see one another's jobs, as processes sharing a
+    database do (False: each instance is a store of its own, as memory is)."""
+
+
+@attrs.frozen
+class Damage:
+    """Writing a row directly, as an operator's `UPDATE` or a damaged restore would."""
+
+    write: Callable[[nj.Backend, int, str, tuple[Any, ...]], None]
+    """`write(backend, job_id, assignments, params)`: run ``UPDATE jobs SET <assignments>`` on
+    the job's row, `?` standing for each of `params`."""
+    bad_errors: tuple[str, ...]
+    """Three values of the `errors` column this backend can hold that are not an error list."""
+    untyped: bool = False
+    """The columns hold any type (SQLite: no check constraints), so scheduling columns can be
+    made unreadable too."""
+
+
+@attrs.frozen
+class TestBackend:
+    __test__ = False  # not a pytest test class
+
+    name: str
+    """The test id: ``test_x[<name>]``."""
+    new_store: Callable[[pytest.FixtureRequest], Store]
+    """A fresh throwaway store for the requesting test (removed when the test or session ends)."""
+    autojump: float | None = 0.0
+    """The `MockClock` autojump threshold its tests run with; None: not on virtual time."""
+    harness: Callable[[pytest.FixtureRequest], Callable[[], nj.Backend]] | None = None
+    """For the property harness: given the test's request, a function building a fresh backend
+    per example, its calls on the Trio thread and its clock Trio's, so an example is
+    deterministic under ``MockClock(autojump_threshold=0)``. None: not run by
+    `tests/properties/test_durable.py` (memory: each property module runs on it itself, with
+    the mutants)."""
+    damage: Damage | None = None
+    transaction: Callable[[nj.Backend], ContextManager[Callable[[Any, tuple[Any, ...]], Any]]] | None = None
+    """For a backend with `TransactionalEnqueue`: ``with transaction(backend) as execute:`` a
+    connection of the caller's own, in one transaction (committed when the block ends, rolled
+    back when it raises); ``execute(statement, params)`` runs one statement and returns its
+    first row or None."""
+
+    def make(self, request: pytest.FixtureRequest) -> nj.Backend:
+        """A fresh backend on a fresh store."""
+        return self.new_store(request).open()
+
+
+_REGISTRY: dict[str, TestBackend] = {}
+
+
+def register(backend: TestBackend) -> TestBackend:
+    """Run every suite on `backend` too (registering a name again replaces it)."""
+    _REGISTRY[backend.name] = backend
+    return backend
+
+
+_loaded = False
+
+
+def _load_extra() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for module in filter(None, (m.strip() for m in os.environ.get(ENV, "").split(","))):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise RuntimeError(f"{ENV} names the module {module!r}, which cannot be imported ({exc}); fix the name or the module") from exc
+
+
+def all_backends() -> list[TestBackend]:
+    _load_extra()
+    return list(_REGISTRY.values())
+
+
+def names() -> list[str]:
+    return [b.name for b in all_backends()]
+
+
+def get(name: str) -> TestBackend:
+    _load_extra()
+    return _REGISTRY[name]
+
+
+# -- memory --
+
+
+def _memory_store(request: pytest.FixtureRequest) -> Store:
+    return Store(nj.MemoryBackend, shared=False)
+
+
+register(TestBackend("memory", _memory_store, autojump=0.0))
+
+
+# -- SQLite --
+
+_files = itertools.count(1)
+
+
+def _sqlite_store(request: pytest.FixtureRequest) -> Store:
+    from nursery_jobs.backends.sqlite import SqliteBackend
+
+    path = str(request.getfixturevalue("tmp_path") / f"jobs-{next(_files)}.db")
+
+    def open_instance() -> nj.Backend:
+        backend = SqliteBackend(path, synchronous="NORMAL", clock=trio.current_time)
+        # One process: every wake-up is pushed in-process, so the cross-process poll only
+        # costs real time per virtual second here (each poll is a thread hop before autojump).
+        backend.poll_interval = 60.0
+        return backend
+
+    return Store(open_instance, shared=True)
+
+
+def _sqlite_harness(request: pytest.FixtureRequest) -> Callable[[], nj.Backend]:
+    from tests.deterministic import DeterministicSqlite
+
+    folder = request.getfixturevalue("tmp_path_factory").mktemp("property-sqlite")
+
+    def build() -> nj.Backend:
+        backend = DeterministicSqlite(str(folder / f"example-{next(_files)}.db"), synchronous="NORMAL", clock=trio.current_time)
+        backend.poll_interval = None  # one process: every wake-up is delivered in-process
+        return backend
+
+    return build
+
+
+def _sqlite_damage(backend: nj.Backend, job_id: int, assignments: str, params: tuple[Any, ...]) -> None:
+    from nursery_jobs.backends.sqlite import SqliteBackend
+
+    assert isinstance(backend, SqliteBackend), backend
+    with sqlite3.connect(backend.path) as conn:
+        conn.execute(f"UPDATE nj_jobs SET {assignments} WHERE id = ?", (*params, job_id))
+    conn.close()
+
+
+register(
+    TestBackend(
+        "sqlite",
+        _sqlite_store,
+        autojump=0.05,
+        harness=_sqlite_harness,
+        damage=Damage(_sqlite_damage, ("not json at all", '"a string"', '[1, {"attempt": "x"}]'), untyped=True),
+    )
+)
+
+
+# -- PostgreSQL --
+# Its queries run on threads, which MockClock's autojump cannot see: with a threshold of 0 the
+# clock would jump while a query runs, so the clock jumps only after the loop has been idle for
+# a while in real time, longer than any local query.
+
+
+def _postgres_store(request: pytest.FixtureRequest) -> Store:
+    from nursery_jobs.backends.postgres import PostgresBackend
+    from tests import pgutil
+
+    url = request.getfixturevalue("pg_url")
+    schema = pgutil.new_schema(url)
+
+    def open_instance() -> nj.Backend:
+        return PostgresBackend(url, schema=schema, clock=trio.current_time, poll_interval=60.0)
+
+    return Store(open_instance, shared=True)
+
+
+def _postgres_harness(request: pytest.FixtureRequest) -> Callable[[], nj.Backend]:
+    from tests import pgutil
+    from tests.deterministic import DeterministicPostgres
+
+    url = request.getfixturevalue("pg_url")
+
+    class QuietPostgres(DeterministicPostgres):
+        """No LISTEN connection: with one process every NOTIFY is our own echo, which the
+        backend drops anyway, and a listener's socket would be a wait autojump cannot see
+        through."""
+
+        async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+            task_status.started()
+            await trio.sleep_forever()
+
+    def build() -> nj.Backend:
+        return QuietPostgres(url, schema=pgutil.new_schema(url), clock=trio.current_time, poll_interval=None)
+
+    return build
+
+
+def _postgres_damage(backend: nj.Backend, job_id: int, assignments: str, params: tuple[Any, ...]) -> None:
+    import psycopg
+    import psycopg.sql
+
+    from nursery_jobs.backends.postgres import PostgresBackend
+
+    assert isinstance(backend, PostgresBackend), backend
+    with psycopg.connect(backend.conninfo, autocommit=True) as conn:
+        conn.execute(
+            psycopg.sql.SQL("UPDATE {}.jobs SET " + assignments.replace("?", "%s") + " WHERE id = %s").format(
+                psycopg.sql.Identifier(backend.schema)
+            ),
+            (*params, job_id),
+        )
+
+
+@contextlib.contextmanager
+def _postgres_transaction(backend: nj.Backend) -> Iterator[Callable[[Any, tuple[Any, ...]], Any]]:
+    import psycopg
+
+    from nursery_jobs.backends.postgres import PostgresBackend
+
+    assert isinstance(backend, PostgresBackend), backend
+    with psycopg.connect(backend.conninfo) as conn, conn.transaction():
+        yield lambda statement, params: conn.execute(statement, params).fetchone()
+
+
+register(
+    TestBackend(
+        "postgres",
+        _postgres_store,
+        autojump=0.05,
+        harness=_postgres_harness,
+        damage=Damage(_postgres_damage, ('"a string"', '{"a": 1}', '[1, {"attempt": "x"}]')),
+        transaction=_postgres_transaction,
+    )
+)
+
+
+# -- the fixtures every backend suite uses (its conftest imports them) --
+
+
+@pytest.fixture(params=names())
+def backend_name(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def test_backend(backend_name: str) -> TestBackend:
+    return get(backend_name)
+
+
+@pytest.fixture
+def make_backend(test_backend: TestBackend, request: pytest.FixtureRequest) -> Callable[[], nj.Backend]:
+    """A factory: each call a fresh backend on a fresh store. Call it once per test, and pass
+    the same instance to two runtimes to model a restart."""
+    return lambda: test_backend.make(request)
+
+
+@pytest.fixture
+def store(test_backend: TestBackend, request: pytest.FixtureRequest) -> Store:
+    """One fresh store shared by the instances `store.open()` builds, as by several processes;
+    skips on a backend whose instances cannot share one."""
+    made = test_backend.new_store(request)
+    if not made.shared:
+        pytest.skip(f"the {test_backend.name} backend has no store that several instances share")
+    return made
+
+
+@pytest.fixture
+def autojump_clock(test_backend: TestBackend) -> Any:
+    """Virtual time (see `TestBackend.autojump`); skips on a backend that does not run on it."""
+    import trio.testing
+
+    if test_backend.autojump is None:
+        pytest.skip(f"the {test_backend.name} backend does not run on Trio's virtual clock")
+    return trio.testing.MockClock(autojump_threshold=test_backend.autojump)
+
+
+@pytest.fixture
+def damage(test_backend: TestBackend) -> Damage:
+    """The backend's way to write a row directly; skips on a backend whose rows only it writes."""
+    if test_backend.damage is None:
+        pytest.skip(f"the {test_backend.name} backend's rows are only ever written by itself")
+    return test_backend.damage
