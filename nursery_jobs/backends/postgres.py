@@ -945,7 +945,6 @@ def _failure_kind(exc: psycopg.Error) -> _Failure:
     return _Failure.STATEMENT
 
 
-_PENDING_SQL = "('available', 'scheduled', 'retryable')"
 _PROMOTE_AT_ONCE = 1000
 """A claim looks at (and makes `available`) at most this many scheduled/retryable jobs that
 came due, oldest first (see the claim statement)."""
@@ -1006,7 +1005,9 @@ _QUERIES: dict[str, sql.SQL] = {
     # claim order. Claim order (priority, then run_at, then id) is exact among due jobs unless
     # more than _PROMOTE_AT_ONCE waiting rows came due at once: then the rest join at the next
     # claims. Both scans lock with SKIP LOCKED; rows locked and not updated are free again at
-    # the statement's end.
+    # the statement's end. The next due time is the first not-due waiting row's, from
+    # `jobs_waiting` too (an `available` row is due: only a host whose clock runs behind the
+    # writer's can see one ahead of its time, and its next poll or wake-up finds it).
     "claim": sql.SQL(
         "WITH due AS (SELECT id, priority, run_at FROM {s}.jobs WHERE queue = %(queue)s"
         "  AND state IN ('scheduled', 'retryable') AND run_at <= %(now)s"
@@ -1027,7 +1028,7 @@ _QUERIES: dict[str, sql.SQL] = {
         " UNION ALL"
         " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
         "  (SELECT min(run_at) FROM {s}.jobs WHERE queue = %(queue)s"
-        "   AND state IN " + _PENDING_SQL + " AND run_at > %(now)s)"
+        "   AND state IN ('scheduled', 'retryable') AND run_at > %(now)s)"
     ),
     # Driven by the primary key from the outcome list: the only index whose predicate the
     # WHERE implies is jobs_pkey (migration 0004), so no plan can loop the outcomes against the
