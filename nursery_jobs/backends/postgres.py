@@ -1006,7 +1006,10 @@ _QUERIES: dict[str, sql.SQL] = {
     # claim order. Claim order (priority, then run_at, then id) is exact among due jobs unless
     # more than _PROMOTE_AT_ONCE waiting rows came due at once: then the rest join at the next
     # claims. Both scans lock with SKIP LOCKED; rows locked and not updated are free again at
-    # the statement's end.
+    # the statement's end. The two UPDATEs take their rows by `id = ANY(ARRAY(...))`, a lookup
+    # in the primary key and no join: as `id IN (SELECT ...)`, a generic plan made while the
+    # table was empty (analyzed after a drain, or on a fresh deploy) joined the picked ids
+    # against a full scan of the primary key, ~0.3 s per claim once 10,000 jobs had arrived.
     "claim": sql.SQL(
         "WITH due AS (SELECT id, priority, run_at FROM {s}.jobs WHERE queue = %(queue)s"
         "  AND state IN ('scheduled', 'retryable') AND run_at <= %(now)s"
@@ -1017,11 +1020,11 @@ _QUERIES: dict[str, sql.SQL] = {
         " pick AS (SELECT id FROM (SELECT * FROM avail UNION ALL SELECT * FROM due) c"
         "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s),"
         " promoted AS (UPDATE {s}.jobs SET state = 'available'"
-        "  WHERE id IN (SELECT id FROM due EXCEPT SELECT id FROM pick) RETURNING 1),"
+        "  WHERE id = ANY(ARRAY(SELECT id FROM due EXCEPT SELECT id FROM pick)) RETURNING 1),"
         " claimed AS ("
         " UPDATE {s}.jobs SET state = 'running', attempt = attempt + 1, attempted_at = %(now)s,"
         "  heartbeat_at = %(now)s"
-        " WHERE id IN (SELECT id FROM pick)"
+        " WHERE id = ANY(ARRAY(SELECT id FROM pick))"
         " RETURNING id, kind, queue, args, attempt, max_attempts, priority, run_at)"
         " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at FROM claimed"
         " UNION ALL"
