@@ -39,7 +39,7 @@ size); the 1M-row drain ≥ 0.8× the 10k-row drain (runtime, each worker count)
 Usage (PostgreSQL on 127.0.0.1:5432, or the admin URL in NJ_BENCH_PG_URL; the script creates
 and drops its own database, even when it fails):
 
-    .venv/bin/python benchmarks/postgres_production.py                 # full run, ~15-25 min
+    .venv/bin/python benchmarks/postgres_production.py                 # full run, ~4 min on a 2-core machine
     .venv/bin/python benchmarks/postgres_production.py --rounds 1 --sizes 10000,1000000
     .venv/bin/python benchmarks/postgres_production.py --smoke         # tiny: proves it runs
     .venv/bin/python benchmarks/postgres_production.py --check         # exit 1 on a missed target
