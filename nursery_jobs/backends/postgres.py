@@ -1008,6 +1008,10 @@ _QUERIES: dict[str, sql.SQL] = {
     # the statement's end. The next due time is the first not-due waiting row's, from
     # `jobs_waiting` too (an `available` row is due: only a host whose clock runs behind the
     # writer's can see one ahead of its time, and its next poll or wake-up finds it).
+    # The two UPDATEs take their rows by `id = ANY(ARRAY(...))`, a lookup
+    # in the primary key and no join: as `id IN (SELECT ...)`, a generic plan made while the
+    # table was empty (analyzed after a drain, or on a fresh deploy) joined the picked ids
+    # against a full scan of the primary key, ~0.3 s per claim once 10,000 jobs had arrived.
     "claim": sql.SQL(
         "WITH due AS (SELECT id, priority, run_at FROM {s}.jobs WHERE queue = %(queue)s"
         "  AND state IN ('scheduled', 'retryable') AND run_at <= %(now)s"
@@ -1018,11 +1022,11 @@ _QUERIES: dict[str, sql.SQL] = {
         " pick AS (SELECT id FROM (SELECT * FROM avail UNION ALL SELECT * FROM due) c"
         "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s),"
         " promoted AS (UPDATE {s}.jobs SET state = 'available'"
-        "  WHERE id IN (SELECT id FROM due EXCEPT SELECT id FROM pick) RETURNING 1),"
+        "  WHERE id = ANY(ARRAY(SELECT id FROM due EXCEPT SELECT id FROM pick)) RETURNING 1),"
         " claimed AS ("
         " UPDATE {s}.jobs SET state = 'running', attempt = attempt + 1, attempted_at = %(now)s,"
         "  heartbeat_at = %(now)s"
-        " WHERE id IN (SELECT id FROM pick)"
+        " WHERE id = ANY(ARRAY(SELECT id FROM pick))"
         " RETURNING id, kind, queue, args, attempt, max_attempts, priority, run_at)"
         " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at FROM claimed"
         " UNION ALL"

@@ -35,9 +35,9 @@ def postgres_reachable() -> None:
         pgutil.unreachable(" ".join(str(exc).split()))
 
 
-def run_quick(script: str) -> subprocess.CompletedProcess[str]:
+def run_quick(script: str, flag: str = "--quick") -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        [sys.executable, str(BENCH / script), "--quick"],
+        [sys.executable, str(BENCH / script), flag],
         cwd=ROOT,
         env=ENV,
         capture_output=True,
@@ -83,8 +83,24 @@ def test_bridge_quick_mode_runs() -> None:
 
 
 @pytest.mark.usefixtures("postgres_reachable")
+def test_postgres_production_smoke_mode_runs() -> None:
+    out = run_quick("postgres_production.py", "--smoke").stdout
+    for metric in (
+        "rows, 1 workers: loop / runtime",
+        "rows, 8 workers: loop / runtime",
+        "-row drain, 1 workers",
+        "2 processes / 1",
+        "runs with an outcome left unwritten",
+        "idle enqueue -> start p50",
+        "idle enqueue -> start p99",
+    ):
+        assert metric in out, out
+    assert "unwritten: " not in out, out  # the runs left no outcome behind, even tiny ones
+
+
+@pytest.mark.usefixtures("postgres_reachable")
 def test_pg_benchmarks_drop_their_databases() -> None:
-    """Run after the two above (file order): no database of theirs is left behind."""
+    """Run after the ones above (file order): no database of theirs is left behind."""
     mine = [name for name in leftover_bench_databases() if name.rsplit("_", 1)[-1].isdigit()]
     alive = {name for name in mine if _pid_alive(int(name.rsplit("_", 1)[-1]))}
     assert not [name for name in mine if name not in alive], mine
