@@ -54,7 +54,6 @@ import gc
 import logging
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any, Callable, Sequence
@@ -67,11 +66,15 @@ from psycopg import sql
 import nursery_jobs as nj
 
 try:  # imported as `benchmarks.postgres_production`
-    from .durable_side import idle_latency, run_app, Tally
+    from .durable_side import (
+        QUEUE, Tally, add_bench_kinds, add_process_kinds, idle_latency, run_app, serve_worker, worker_processes,
+    )
     from .pg_common import PgUnavailable, backend_url, fresh_schema, median_ratio, percentile, render_table, throwaway_database
     from .report import conclude
 except ImportError:  # run as a script: benchmarks/ is sys.path[0]
-    from durable_side import idle_latency, run_app, Tally  # type: ignore[no-redef]
+    from durable_side import (  # type: ignore[no-redef]
+        QUEUE, Tally, add_bench_kinds, add_process_kinds, idle_latency, run_app, serve_worker, worker_processes,
+    )
     from pg_common import (  # type: ignore[no-redef]
         PgUnavailable,
         backend_url,
@@ -85,7 +88,6 @@ except ImportError:  # run as a script: benchmarks/ is sys.path[0]
 
 __all__ = ["Sizes", "main"]
 
-QUEUE = "bench"
 TARGET_VS_LOOP = {1: 1.5, 8: 1.5, 32: 1.0}
 TARGET_SIZE = 0.8
 TARGET_PROCS = 1.3
@@ -230,52 +232,18 @@ class _Unwritten(logging.Handler):
             self.messages.append(message)
 
 
-class _Drain(Tally):
-    def __init__(self, target: int) -> None:
-        super().__init__(target)
-        self.first = 0.0
-
-
-def build_app(workers: int, launchers: int = 1) -> tuple[nj.App, list[_Drain]]:
-    """The bench queue with its `noop` and `probe` kinds; `ctl` (never worked) and `launch`,
-    whose jobs run the worker processes."""
+def build_app(workers: int, launchers: int = 1) -> tuple[nj.App, list[Tally]]:
+    """The bench queue with its `noop` and `probe` kinds, and what worker processes need."""
     app = nj.App()
-    app.queue(QUEUE, max_workers=workers, timeout=30.0)
-    app.queue("ctl", max_workers=1, timeout=30.0)
-    app.queue("launch", max_workers=max(1, launchers), timeout=None)
-    box: list[_Drain] = [_Drain(0)]
-
-    @app.job(queue="ctl")
-    async def ready(ctx: nj.JobContext, pid: int) -> None:
-        return None
-
-    @app.job(queue="launch", max_attempts=1)
-    async def launch(ctx: nj.JobContext, url: str, workers: int, log: str) -> None:
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", url, "--workers", str(workers)]
-        with open(log, "wb") as err:
-            await trio.run_process(cmd, check=False, stdin=subprocess.DEVNULL, stderr=err)
-
-    @app.job(queue=QUEUE)
-    async def noop(ctx: nj.JobContext) -> None:
-        tally = box[0]
-        tally.count += 1
-        if tally.count == 1:
-            tally.first = time.perf_counter()
-        if tally.count == tally.target:
-            tally.last_id = ctx.id
-            tally.done.set()
-
-    @app.job(queue=QUEUE)
-    async def probe(ctx: nj.JobContext) -> None:
-        box[0].started_at[ctx.id] = time.perf_counter()
-
+    box = add_bench_kinds(app, workers)
+    add_process_kinds(app, __file__, launchers)
     return app, box
 
 
 def runtime_drain(url: str, schema: str, n: int, workers: int) -> tuple[float, str | None]:
     """(seconds, what was left unwritten or None) for the runtime to run n jobs off the table."""
     app, box = build_app(workers)
-    tally = box[0] = _Drain(n)
+    tally = box[0] = Tally(n)
     unwritten = _Unwritten()
     logger = logging.getLogger("nursery_jobs")
     logger.addHandler(unwritten)
@@ -311,19 +279,6 @@ def runtime_latency(url: str, schema: str, probes: int, workers: int) -> list[fl
     return list(starts)
 
 
-def worker_process(url: str, workers: int) -> int:
-    """``--worker``: work the bench queue until SIGTERM (sent when its launcher job is cancelled);
-    enqueues a `ready` job on the unworked ``ctl`` queue once its runtime is up."""
-    app, _box = build_app(workers)
-
-    async def main(rt: nj.Runtime) -> None:
-        await rt.enqueue("ready", {"pid": os.getpid()})
-        await trio.sleep_forever()
-
-    nj.run(main, app=app, backend=url, grace=5.0, queues=[QUEUE])
-    return 0
-
-
 def processes_rate(url: str, schema: str, procs: int, workers: int, window: float, warmup: float) -> tuple[float, str | None]:
     """(outcomes written per second by `procs` worker processes in the window, problem or None).
 
@@ -335,11 +290,7 @@ def processes_rate(url: str, schema: str, procs: int, workers: int, window: floa
     logs = [f"/tmp/nj_prod_worker_{os.getpid()}_{i}.log" for i in range(procs)]
 
     async def main(rt: nj.Runtime) -> tuple[float, str | None]:
-        launchers = [await rt.enqueue("launch", {"url": burl, "workers": workers, "log": path}) for path in logs]
-        try:
-            with trio.fail_after(60):
-                while (await rt.stats())["ctl"].available < procs:
-                    await trio.sleep(0.02)
+        async with worker_processes(rt, burl, workers, logs):
             await trio.sleep(warmup)
             t0 = time.perf_counter()
             c0 = (await rt.stats())[QUEUE]
@@ -348,12 +299,6 @@ def processes_rate(url: str, schema: str, procs: int, workers: int, window: floa
             c1 = (await rt.stats())[QUEUE]
             problem = RAN_OUT if c1.available == 0 else None
             return (c1.completed - c0.completed) / (t1 - t0), problem
-        finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(60):
-                for job_id in launchers:
-                    await rt.cancel(job_id)
-                for job_id in launchers:
-                    await rt.wait(job_id, timeout=60.0)
 
     try:
         rate, problem = run_app(main, app, burl, queues=["launch"])
@@ -523,7 +468,7 @@ def table(f: Figures) -> str:
             key = f"{max(s.sizes):,}-row / {min(s.sizes):,}-row drain, {w} workers"
             rows.append((f"runtime {key}", f"{f.size_ratio(w):.2f}", f">= {TARGET_SIZE}", ok[key]))
             loop_ratio = med(f.loop[max(s.sizes), w]) / med(f.loop[min(s.sizes), w])
-            rows.append((f"  (loop, the same)", f"{loop_ratio:.2f}", "(reported)", ""))
+            rows.append(("  (loop, the same)", f"{loop_ratio:.2f}", "(reported)", ""))
     for procs, values in sorted(f.procs.items()):
         rows.append((f"{procs} worker process(es) x {s.proc_workers} workers (median)", f"{med(values):,.0f} jobs/s", "", ""))
     ratio = f.procs_ratio()
@@ -552,7 +497,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=32, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return worker_process(args.worker, args.workers)
+        return serve_worker(build_app, args.worker, args.workers)
     sizes = SMOKE if args.smoke else Sizes()
     if args.rounds:
         sizes = attrs.evolve(sizes, rounds=args.rounds, proc_rounds=args.rounds)

@@ -45,7 +45,6 @@ import argparse
 import gc
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any, Callable, Sequence
@@ -58,7 +57,9 @@ from psycopg import sql
 import nursery_jobs as nj
 
 try:  # imported as `benchmarks.postgres_throughput`
-    from .durable_side import JOB_TIMEOUT, QUEUE, Tally, add_bench_kinds, idle_latency, run_app
+    from .durable_side import (
+        QUEUE, Tally, add_bench_kinds, add_process_kinds, idle_latency, run_app, serve_worker, worker_processes,
+    )
     from .report import conclude
     from .pg_common import (
         PgUnavailable,
@@ -72,7 +73,9 @@ try:  # imported as `benchmarks.postgres_throughput`
         truncate,
     )
 except ImportError:  # run as a script: benchmarks/ is sys.path[0]
-    from durable_side import JOB_TIMEOUT, QUEUE, Tally, add_bench_kinds, idle_latency, run_app  # type: ignore[no-redef]
+    from durable_side import (  # type: ignore[no-redef]
+        QUEUE, Tally, add_bench_kinds, add_process_kinds, idle_latency, run_app, serve_worker, worker_processes,
+    )
     from report import conclude  # type: ignore[no-redef]
     from pg_common import (  # type: ignore[no-redef]
         PgUnavailable,
@@ -301,27 +304,12 @@ def raw_copy(url: str, n: int) -> float:
 
 
 def build_app(workers: int, launchers: int = 0) -> tuple[nj.App, list[Tally]]:
-    """The benchmark's app. Worker processes build the same one, so every kind is known there.
-
-    `bench`: the measured queue. `probe` records its start time. `ctl`: nobody works it; a
-    worker process enqueues a `ready` job there once its runtime is up. `launch`: this process
-    runs the worker processes as jobs of its own (each awaits ``trio.run_process``), so the
-    processes are owned and stopped by the runtime (a remote cancel sends them SIGTERM).
-    """
+    """The benchmark's app. Worker processes build the same one, so every kind is known there:
+    `bench`, the measured queue (`noop`, `probe`), and what worker processes need (`ctl`,
+    `launch`: durable_side.add_process_kinds)."""
     app = nj.App()
     box = add_bench_kinds(app, workers)
-    app.queue("ctl", max_workers=1, timeout=JOB_TIMEOUT)
-    app.queue("launch", max_workers=max(1, launchers), timeout=None)
-
-    @app.job(queue="ctl")
-    async def ready(ctx: nj.JobContext, pid: int) -> None:
-        return None
-
-    @app.job(queue="launch", max_attempts=1)
-    async def launch(ctx: nj.JobContext, url: str, workers: int) -> None:
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", url, "--workers", str(workers)]
-        await trio.run_process(cmd, check=False, stdin=subprocess.DEVNULL)
-
+    add_process_kinds(app, __file__, launchers)
     return app, box
 
 
@@ -406,11 +394,7 @@ def runtime_processes(url: str, n: int, workers: int, procs: int) -> float:
     app, _box = build_app(workers, launchers=procs)
 
     async def main(rt: nj.Runtime) -> float:
-        launchers = [await rt.enqueue("launch", {"url": url, "workers": workers}) for _ in range(procs)]
-        try:
-            with trio.fail_after(60):
-                while (await rt.stats())["ctl"].available < procs:
-                    await trio.sleep(0.02)
+        async with worker_processes(rt, url, workers, [None] * procs):
             await trio.sleep(0.1)  # every worker parked
             started = time.perf_counter()
             ids = await rt.enqueue_many("noop", ({} for _ in range(n)))
@@ -419,27 +403,9 @@ def runtime_processes(url: str, n: int, workers: int, procs: int) -> float:
                 while (await rt.stats())[QUEUE].completed < n:
                     await trio.sleep(0.001)
             return time.perf_counter() - started
-        finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(30):
-                for job_id in launchers:
-                    await rt.cancel(job_id)  # the worker process gets SIGTERM: a graceful stop
-                for job_id in launchers:
-                    await rt.wait(job_id, timeout=15.0)
 
     result: float = run_app(main, app, url, queues=["launch"])
     return result
-
-
-def worker_process(url: str, workers: int) -> int:
-    """``--worker``: work the bench queue until SIGTERM (sent when the launcher job is cancelled)."""
-    app, _box = build_app(workers)
-
-    async def main(rt: nj.Runtime) -> None:
-        await rt.enqueue("ready", {"pid": os.getpid()})
-        await trio.sleep_forever()
-
-    nj.run(main, app=app, backend=url, grace=5.0, queues=[QUEUE])
-    return 0
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -582,7 +548,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=Sizes().batch, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return worker_process(args.worker, args.workers)
+        return serve_worker(build_app, args.worker, args.workers)
     sizes = QUICK if args.quick else Sizes()
     overrides = {k: v for k, v in (("jobs", args.jobs), ("rounds", args.rounds)) if v}
     sizes = attrs.evolve(sizes, **overrides)
