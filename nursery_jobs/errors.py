@@ -11,7 +11,9 @@ __all__ = [
     "BackendError",
     "BackendUnavailable",
     "ConfigError",
+    "DrainIncomplete",
     "JobNotFound",
+    "NotIdempotent",
     "NurseryJobsError",
     "RuntimeClosed",
     "UnknownJob",
@@ -60,3 +62,15 @@ class BackendError(NurseryJobsError, RuntimeError):
 
 class RuntimeClosed(NurseryJobsError, RuntimeError):
     """The runtime is shutting down or closed, or there is no runtime in this context."""
+
+
+class DrainIncomplete(NurseryJobsError, AssertionError):
+    """A test's `rt.drain()` (or `nursery_jobs.testing.run_job`) hit its bound with jobs due
+    within the horizon still not final: a job that snoozes or retries forever, or a handler that
+    never returns. The message lists each such job; an AssertionError, so a test fails on it."""
+
+
+class NotIdempotent(NurseryJobsError, AssertionError):
+    """`nursery_jobs.testing.check_at_least_once` found a checkpoint of the handler where an
+    interruption and a second run leave other effects than one clean run; the message names the
+    checkpoint's file and line and shows both observations."""

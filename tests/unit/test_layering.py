@@ -46,6 +46,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     ),
     "nursery_jobs.runtime": ("nursery_jobs",),
     "nursery_jobs.cli": ("nursery_jobs",),
+    "nursery_jobs.testing": ("nursery_jobs",),  # the testing kit: above the runtime it drives
+    "nursery_jobs.pytest_plugin": ("nursery_jobs",),
     "nursery_jobs": ("nursery_jobs",),  # the package's __init__: the public API
 }  # fmt: skip
 

@@ -1,0 +1,116 @@
+"""nursery_jobs' pytest plugin: the `runtime` fixture (`nursery_jobs.testing`'s test runtime on
+a `MockClock`), loaded through the ``pytest11`` entry point wherever nursery_jobs is installed.
+
+Loaded into every pytest run of such an environment, so it costs nothing until a test asks for
+`runtime`: importing it imports only pytest, its fixtures are lazy, it registers no marker,
+and only an ``async def`` test that uses `runtime` is touched (given a clock). A project's own
+fixture of the same name (in a conftest.py or a test module) overrides this one, as pytest
+always lets a closer fixture win.
+
+Fixtures:
+
+- `runtime`: `open_test_runtime(nj_app, backend=...)` for the test, shut down after it.
+- `nj_app`: the App under test. Yours: define a fixture of this name (conftest.py or the test
+  module) returning it.
+- `nj_backend`: ``memory`` (default), ``sqlite``, or a ``postgresql://`` URL, from
+  ``--nj-backend`` or the ``NURSERY_JOBS_TEST_BACKEND`` environment variable; override it with
+  a parametrised fixture to run each test on several backends.
+- `nj_clock`: the test's `MockClock`: autojump at 0 on memory, at 0.05 s on the durable
+  backends (their calls wait on threads or sockets, and the clock must not jump meanwhile).
+  A test that asks for a clock of its own (pytest-trio's `autojump_clock`, `mock_clock`) runs
+  on that one instead.
+
+The clock reaches `trio.run` as pytest-trio allows it: a ``trio`` mark with its own ``run``,
+put first on each async test that uses `runtime` (pytest-trio passes a clock only when the
+test itself names it as an argument, and the `runtime` fixture is not a clock).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+
+import pytest
+
+if TYPE_CHECKING:
+    import trio
+    import trio.testing
+
+    from .app import App
+    from .testing import TestRuntime
+
+ENV = "NURSERY_JOBS_TEST_BACKEND"
+FIXTURE = "runtime"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.getgroup("nursery_jobs").addoption(
+        "--nj-backend",
+        default=None,
+        metavar="BACKEND",
+        help=f"backend of nursery_jobs' `runtime` fixture: memory (default), sqlite, or a postgresql:// URL "
+        f"(a fresh schema per test); default from ${ENV}",
+    )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    users = [item for item in items if isinstance(item, pytest.Function) and FIXTURE in item.fixturenames]
+    if not users:
+        return
+    if not config.pluginmanager.hasplugin("trio"):
+        raise pytest.UsageError(
+            f"{users[0].nodeid} uses nursery_jobs' `{FIXTURE}` fixture, which runs under Trio: "
+            "install pytest-trio (pip install pytest-trio)"
+        )
+    for item in users:
+        if inspect.iscoroutinefunction(item.obj):
+            # First, so pytest-trio takes this run (its trio_mode mark, if any, comes after).
+            item.add_marker(pytest.mark.trio(run=_run_on_clock(item)), append=False)
+
+
+def _run_on_clock(item: pytest.Function) -> Callable[..., Any]:
+    def run(fn: Callable[[], Any], *, clock: trio.abc.Clock | None = None, instruments: Any = ()) -> Any:
+        from .infra.runner import run_trio
+
+        chosen: trio.abc.Clock = clock or item.funcargs["nj_clock"]  # type: ignore[assignment]  # funcargs: object
+        return run_trio(fn, clock=chosen, instruments=instruments)
+
+    return run
+
+
+@pytest.fixture
+def nj_app() -> App:
+    """The App the `runtime` fixture runs: define a fixture of this name returning yours."""
+    pytest.fail(
+        f"nursery_jobs' `{FIXTURE}` fixture needs your App: define a fixture named `nj_app` returning it, "
+        "in conftest.py or the test module",
+        pytrace=False,
+    )
+
+
+@pytest.fixture
+def nj_backend(request: pytest.FixtureRequest) -> str:
+    """``memory``, ``sqlite`` or a ``postgresql://`` URL (``--nj-backend``, ``$NURSERY_JOBS_TEST_BACKEND``)."""
+    chosen = request.config.getoption("nj_backend") or os.environ.get(ENV) or "memory"
+    return str(chosen)
+
+
+@pytest.fixture
+def nj_clock(nj_backend: str) -> trio.testing.MockClock:
+    """The test's virtual clock: autojump at 0 on memory, 0.05 s on the durable backends."""
+    import trio.testing
+
+    return trio.testing.MockClock(autojump_threshold=0 if nj_backend.startswith("memory") else 0.05)
+
+
+@pytest.fixture
+async def runtime(nj_app: App, nj_backend: str, nj_clock: trio.testing.MockClock, tmp_path: Any) -> AsyncIterator[TestRuntime]:
+    """The test runtime (`nursery_jobs.testing.TestRuntime`) of `nj_app` on `nj_backend`, in
+    virtual time; its jobs are shut down and the backend removed when the test ends."""
+    from .testing import open_test_backend, open_test_runtime
+
+    async with open_test_backend(nj_backend, tmp_path) as backend:
+        async with open_test_runtime(nj_app, backend=backend) as rt:
+            yield rt
