@@ -93,8 +93,9 @@ def nj_app() -> App:
 @pytest.fixture
 def nj_backend(request: pytest.FixtureRequest) -> str:
     """``memory``, ``sqlite`` or a ``postgresql://`` URL (``--nj-backend``, ``$NURSERY_JOBS_TEST_BACKEND``)."""
-    chosen = request.config.getoption("nj_backend") or os.environ.get(ENV) or "memory"
-    return str(chosen)
+    from .testing import check_test_backend
+
+    return check_test_backend(str(request.config.getoption("nj_backend") or os.environ.get(ENV) or "memory"))
 
 
 @pytest.fixture

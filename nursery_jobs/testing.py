@@ -60,6 +60,7 @@ __all__ = [
     "assert_enqueued",
     "assert_not_enqueued",
     "check_at_least_once",
+    "check_test_backend",
     "open_test_backend",
     "open_test_runtime",
     "run_job",
@@ -208,6 +209,15 @@ async def open_test_runtime(
             rt.backend.remove_listener(test_rt._kit_event)
 
 
+def check_test_backend(spec: str) -> str:
+    """`spec` if `open_test_backend` takes it, else `ConfigError` naming what it takes."""
+    if not isinstance(spec, str) or not (
+        spec in ("memory", "memory://", "sqlite", "sqlite://") or spec.startswith(("postgresql://", "postgres://"))
+    ):
+        raise ConfigError(f"test backend {spec!r} is not one of: memory, sqlite, a postgresql:// URL")
+    return spec
+
+
 @asynccontextmanager
 async def open_test_backend(spec: str, folder: str | os.PathLike[str]) -> AsyncIterator[Backend]:
     """A fresh backend for one test, on the Trio clock (so a `MockClock` drives it), closed and
@@ -216,6 +226,7 @@ async def open_test_backend(spec: str, folder: str | os.PathLike[str]) -> AsyncI
 
     Run durable backends on ``MockClock(autojump_threshold=0.05)``: their calls wait on threads
     or sockets, and the clock must not jump while a query runs (the `runtime` fixture does so)."""
+    check_test_backend(spec)
     if spec in ("memory", "memory://"):
         from .backends.memory import MemoryBackend
 
@@ -245,8 +256,8 @@ async def open_test_backend(spec: str, folder: str | os.PathLike[str]) -> AsyncI
         opts["schema"] = schema
         opts.setdefault("poll_interval", 60.0)  # one process: every wake-up is pushed in-process
         backend = PostgresBackend(conninfo, **opts, clock=trio.current_time)
-    else:
-        raise ConfigError(f"test backend {spec!r} is not one of: memory, sqlite, a postgresql:// URL")
+    else:  # pragma: no cover - check_test_backend refused it
+        raise AssertionError(spec)
     try:
         yield backend
     finally:
