@@ -15,10 +15,9 @@ Fixtures:
 - `nj_backend`: ``memory`` (default), ``sqlite``, or a ``postgresql://`` URL, from
   ``--nj-backend`` or the ``NURSERY_JOBS_TEST_BACKEND`` environment variable; override it with
   a parametrised fixture to run each test on several backends.
-- `nj_clock`: the test's `MockClock`: autojump at 0 on memory, at 0.05 s on the durable
-  backends (their calls wait on threads or sockets, and the clock must not jump meanwhile).
-  A test that asks for a clock of its own (pytest-trio's `autojump_clock`, `mock_clock`) runs
-  on that one instead.
+- `nj_clock`: the test's ``MockClock(autojump_threshold=0)``, on every backend (the durable
+  ones run in their deterministic mode: `open_test_backend`). A test that asks for a clock of
+  its own (pytest-trio's `autojump_clock`, `mock_clock`) runs on that one instead.
 
 The clock reaches `trio.run` as pytest-trio allows it: a ``trio`` mark with its own ``run``,
 put first on each async test that uses `runtime` (pytest-trio passes a clock only when the
@@ -99,11 +98,11 @@ def nj_backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def nj_clock(nj_backend: str) -> trio.testing.MockClock:
-    """The test's virtual clock: autojump at 0 on memory, 0.05 s on the durable backends."""
+def nj_clock() -> trio.testing.MockClock:
+    """The test's virtual clock: ``MockClock(autojump_threshold=0)``."""
     import trio.testing
 
-    return trio.testing.MockClock(autojump_threshold=0 if nj_backend.startswith("memory") else 0.05)
+    return trio.testing.MockClock(autojump_threshold=0)
 
 
 @pytest.fixture

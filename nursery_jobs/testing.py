@@ -220,12 +220,15 @@ def check_test_backend(spec: str) -> str:
 
 @asynccontextmanager
 async def open_test_backend(spec: str, folder: str | os.PathLike[str]) -> AsyncIterator[Backend]:
-    """A fresh backend for one test, on the Trio clock (so a `MockClock` drives it), closed and
-    removed afterwards. `spec`: ``memory`` (or ``memory://``); ``sqlite`` (a new file in
-    `folder`); or a ``postgresql://`` URL (a new schema in that database, dropped afterwards).
+    """A fresh backend for one test, closed and removed afterwards. `spec`: ``memory`` (or
+    ``memory://``); ``sqlite`` (a new file in `folder`); or a ``postgresql://`` URL (a new schema
+    in that database, dropped afterwards).
 
-    Run durable backends on ``MockClock(autojump_threshold=0.05)``: their calls wait on threads
-    or sockets, and the clock must not jump while a query runs (the `runtime` fixture does so)."""
+    The durable backends run in their deterministic mode, as the project's own suites run them
+    under virtual time: on the Trio clock, every database call made on the Trio thread (so
+    ``MockClock(autojump_threshold=0)`` never jumps while a query runs), one process (no
+    wake-up sockets, no LISTEN: every wake-up is delivered in-process). A service never runs
+    this way; a test gets the durable backend's rows, statements and rules at memory's pace."""
     check_test_backend(spec)
     if spec in ("memory", "memory://"):
         from .backends.memory import MemoryBackend
@@ -237,27 +240,33 @@ async def open_test_backend(spec: str, folder: str | os.PathLike[str]) -> AsyncI
     if spec in ("sqlite", "sqlite://"):
         from .backends.sqlite import SqliteBackend
 
-        sqlite = SqliteBackend(str(Path(folder) / "nursery_jobs.db"), synchronous="NORMAL", clock=trio.current_time, wake=False)
-        sqlite.poll_interval = 60.0  # one process: every wake-up is pushed in-process
-        backend = sqlite
-    elif spec.startswith(("postgresql://", "postgres://")):
+        class DeterministicSqlite(SqliteBackend):
+            _blocking_io = True
+
+        backend = DeterministicSqlite(str(Path(folder) / "nursery_jobs.db"), synchronous="NORMAL", clock=trio.current_time)
+        backend.poll_interval = None
+    else:
+        import psycopg
+
         from .backends.postgres import PostgresBackend, migrate, parse_postgres_url
 
+        class DeterministicPostgres(PostgresBackend):
+            _blocking_io = True
+
+            async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                task_status.started()  # no LISTEN: one process hears its own wake-ups
+                await trio.sleep_forever()
+
         conninfo, opts = parse_postgres_url(spec)
-        schema = f"nj_test_{os.getpid()}_{next(_schemas)}"
+        schema = opts["schema"] = f"nj_test_{os.getpid()}_{next(_schemas)}"
         migrate(conninfo, schema)
 
         def drop() -> None:
-            import psycopg
-
             with psycopg.connect(conninfo, autocommit=True) as conn:
                 conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
-        opts["schema"] = schema
-        opts.setdefault("poll_interval", 60.0)  # one process: every wake-up is pushed in-process
-        backend = PostgresBackend(conninfo, **opts, clock=trio.current_time)
-    else:  # pragma: no cover - check_test_backend refused it
-        raise AssertionError(spec)
+        opts["poll_interval"] = None
+        backend = DeterministicPostgres(conninfo, **opts, clock=trio.current_time)
     try:
         yield backend
     finally:

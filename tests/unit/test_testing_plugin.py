@@ -82,7 +82,7 @@ from nursery_jobs.backends.sqlite import SqliteBackend
 
 
 async def test_on_sqlite(runtime, nj_clock):
-    assert isinstance(runtime.backend, SqliteBackend) and nj_clock.autojump_threshold == 0.05
+    assert isinstance(runtime.backend, SqliteBackend) and nj_clock.autojump_threshold == 0
     job = await nj.testing.run_job(hello, name="kit")
     assert job.state is nj.JobState.COMPLETED
 """
