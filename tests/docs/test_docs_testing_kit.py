@@ -1,0 +1,45 @@
+"""docs/testing.md's worked example runs as a user runs it: `examples/test_service.py` copied
+into a project of its own (pytest-trio's trio_mode, the page's conftest.py that parametrises
+`nj_backend`), run by pytest in a subprocess, on memory, SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "testing.md"
+PAGE_URL = "postgresql://postgres@127.0.0.1/myapp_test"
+
+
+def conftest_block() -> str:
+    blocks = re.findall(r"^```python\n(.*?)^```$", PAGE.read_text(), re.MULTILINE | re.DOTALL)
+    (block,) = [b for b in blocks if "def nj_backend" in b]
+    assert PAGE_URL in block, block
+    return block
+
+
+def test_the_worked_example_passes_on_every_backend(tmp_path: Path, pg_url: str) -> None:
+    shutil.copy(ROOT / "examples" / "test_service.py", tmp_path)
+    (tmp_path / "pytest.ini").write_text("[pytest]\ntrio_mode = true\n")
+    (tmp_path / "conftest.py").write_text(conftest_block().replace(PAGE_URL, pg_url))
+    env = {k: v for k, v in os.environ.items() if k != "NURSERY_JOBS_TEST_BACKEND"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "12 passed" in result.stdout, result.stdout
+    with psycopg.connect(pg_url) as conn:  # each test's schema was dropped after it
+        left = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'nj_test_%'").fetchall()
+    assert left == []
