@@ -15,6 +15,8 @@ Fixtures:
 - `nj_backend`: ``memory`` (default), ``sqlite``, or a ``postgresql://`` URL, from
   ``--nj-backend`` or the ``NURSERY_JOBS_TEST_BACKEND`` environment variable; override it with
   a parametrised fixture to run each test on several backends.
+- `nj_options`: more keyword arguments for `open_runtime` (``{"grace": 5}``, settings):
+  ``{}`` unless you override it.
 - `nj_clock`: the test's ``MockClock(autojump_threshold=0)``, on every backend (the durable
   ones run in their deterministic mode: `open_test_backend`). A test that asks for a clock of
   its own (pytest-trio's `autojump_clock`, `mock_clock`) runs on that one instead.
@@ -106,11 +108,19 @@ def nj_clock() -> trio.testing.MockClock:
 
 
 @pytest.fixture
-async def runtime(nj_app: App, nj_backend: str, nj_clock: trio.testing.MockClock, tmp_path: Any) -> AsyncIterator[TestRuntime]:
+def nj_options() -> dict[str, Any]:
+    """More keyword arguments for the `runtime` fixture's `open_runtime` (none by default)."""
+    return {}
+
+
+@pytest.fixture
+async def runtime(
+    nj_app: App, nj_backend: str, nj_options: dict[str, Any], nj_clock: trio.testing.MockClock, tmp_path: Any
+) -> AsyncIterator[TestRuntime]:
     """The test runtime (`nursery_jobs.testing.TestRuntime`) of `nj_app` on `nj_backend`, in
     virtual time; its jobs are shut down and the backend removed when the test ends."""
     from .testing import open_test_backend, open_test_runtime
 
     async with open_test_backend(nj_backend, tmp_path) as backend:
-        async with open_test_runtime(nj_app, backend=backend) as rt:
+        async with open_test_runtime(nj_app, **nj_options, backend=backend) as rt:
             yield rt

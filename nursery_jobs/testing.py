@@ -45,7 +45,6 @@ import trio
 from ._context import current_enqueuer, current_job_id
 from .app import App, JobKind
 from .backends import Backend, BackendEvent, JobFinalized, NewJob
-from .config import RuntimeSettings
 from .errors import ConfigError, DrainIncomplete, JobNotFound, NotIdempotent
 from .execution.attempt import Attempt
 from .infra.runner import instrumented
@@ -189,19 +188,13 @@ def _call(kind: str, args: Mapping[str, Any]) -> str:
 
 
 @asynccontextmanager
-async def open_test_runtime(
-    app: App,
-    *,
-    backend: str | Backend = "memory://",
-    grace: float | None = None,
-    queues: Sequence[str] | None = None,
-    settings: RuntimeSettings | None = None,
-) -> AsyncIterator[TestRuntime]:
-    """`open_runtime` (same arguments) yielding a `TestRuntime`: the record of enqueued jobs
-    and `drain`, which the kit's other calls need. Run it on a `MockClock` with autojump
-    (``trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))``, or the `runtime`
-    fixture, which does all of this)."""
-    async with open_runtime(app, backend=backend, grace=grace, queues=queues, settings=settings) as rt:
+async def open_test_runtime(app: App, **options: Any) -> AsyncIterator[TestRuntime]:
+    """`open_runtime(app, **options)` (the same keyword arguments: `backend`, `grace`, ...)
+    yielding a `TestRuntime`: the record of enqueued jobs and `drain`, which the kit's other
+    calls need. Run it on a `MockClock` with autojump
+    (``trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))``), or use the
+    `runtime` fixture, which does all of this."""
+    async with open_runtime(app, **options) as rt:
         test_rt = TestRuntime.adopt(rt)
         try:
             yield test_rt

@@ -61,10 +61,29 @@ async def charge_once(ctx: nj.JobContext, order: str, cents: int) -> None:
     await trio.sleep(0.1)
 
 
-SECOND_CHECKPOINT = next(
-    i for i, line in enumerate(inspect.getsource(charge.fn).splitlines(), inspect.getsourcelines(charge.fn)[1])
-    if "(the second checkpoint)" in line
-)  # fmt: skip
+class FakeApi:
+    def __init__(self) -> None:
+        self.posts: list[str] = []
+
+    async def post(self, body: str) -> None:
+        self.posts.append(body)  # sent before the call's first checkpoint
+        await trio.sleep(0.1)  # the response
+
+
+api = FakeApi()
+
+
+@app.job(queue="work")
+async def notify(ctx: nj.JobContext, body: str) -> None:
+    await api.post(body)  # the call
+
+
+def line_of(fn: object, marker: str) -> int:
+    lines, start = inspect.getsourcelines(fn)  # type: ignore[arg-type]
+    return next(i for i, line in enumerate(lines, start) if marker in line)
+
+
+SECOND_CHECKPOINT = line_of(charge.fn, "(the second checkpoint)")
 
 
 @pytest.fixture
@@ -72,10 +91,16 @@ def nj_app() -> nj.App:
     return app
 
 
+@pytest.fixture
+def nj_options() -> dict[str, object]:
+    return {"grace": 3}
+
+
 @pytest.fixture(autouse=True)
 def clean_fakes() -> None:
     ledger.clear()
     charged.clear()
+    api.posts.clear()
 
 
 async def test_the_fixture_runs_the_app_on_memory_under_an_autojump_clock(runtime: TestRuntime) -> None:
@@ -204,3 +229,18 @@ async def test_check_at_least_once_passes_the_idempotent_version(runtime: TestRu
 async def test_check_at_least_once_needs_a_clean_run_that_completes(runtime: TestRuntime) -> None:
     with pytest.raises(AssertionError, match=r"the clean run of broken\(\) ended discarded: Down: always"):
         await nj.testing.check_at_least_once(broken, {}, observe=lambda: None)
+
+
+async def test_a_checkpoint_inside_a_call_names_the_handler_line_and_the_innermost_frame(runtime: TestRuntime) -> None:
+    with pytest.raises(nj.testing.NotIdempotent) as failed:
+        await nj.testing.check_at_least_once(notify, {"body": "hi"}, observe=lambda: api.posts, reset=api.posts.clear)
+    here = Path(__file__).relative_to(Path.cwd())
+    assert (
+        f"interrupted at checkpoint 1 of 1, {here}:{line_of(notify.fn, '# the call')} in notify "
+        f"(innermost: {here}:{line_of(FakeApi.post, '# the response')} in FakeApi.post)"
+    ) in str(failed.value)
+    assert "this run observed:  ['hi', 'hi']" in str(failed.value)  # observe's value was copied
+
+
+async def test_the_fixture_takes_more_open_runtime_options(runtime: TestRuntime) -> None:
+    assert runtime.settings.grace == 3
