@@ -38,13 +38,13 @@ import math
 import os
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
 import trio
 
 from ._context import current_enqueuer, current_job_id
 from .app import App, JobKind
-from .backends import Backend, BackendEvent, JobFinalized, NewJob
+from .backends import Backend, BackendEvent, NewJob
 from .errors import ConfigError, DrainIncomplete, JobNotFound, NotIdempotent
 from .execution.attempt import Attempt
 from .infra.runner import instrumented
@@ -175,7 +175,7 @@ class TestRuntime(Runtime):
             "a job that snoozes or retries forever, or a handler that never returns, keeps a drain from ending:"
         ]
         for job in due[:_SHOWN]:
-            when = "" if job.state is JobState.RUNNING else f", due in {job.run_at - now:g} s"
+            when = "" if job.state is JobState.RUNNING else f", due in {job.run_at - now:g} s" if job.run_at > now else ", due now"
             error = f", last error: {job.errors[-1].message}" if job.errors else ""
             lines.append(f"  job {job.id} {_call(job.kind, job.args)}: {job.state.value}, attempt {job.attempt}{when}{error}")
         if len(due) > _SHOWN:
@@ -240,6 +240,7 @@ async def open_test_backend(spec: str, folder: str | os.PathLike[str]) -> AsyncI
         backend.poll_interval = None
     else:
         import psycopg
+        from psycopg import sql
 
         from .backends.postgres import PostgresBackend, migrate, parse_postgres_url
 
@@ -254,9 +255,11 @@ async def open_test_backend(spec: str, folder: str | os.PathLike[str]) -> AsyncI
         schema = opts["schema"] = f"nj_test_{os.getpid()}_{next(_schemas)}"
         migrate(conninfo, schema)
 
-        def drop() -> None:
+        def drop_schema() -> None:
             with psycopg.connect(conninfo, autocommit=True) as conn:
-                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+        drop = drop_schema
 
         opts["poll_interval"] = None
         backend = DeterministicPostgres(conninfo, **opts, clock=trio.current_time)
@@ -465,9 +468,9 @@ async def check_at_least_once(
     args = dict(args)
 
     async def deliver(cut: int | None, before_resume: bool = False) -> tuple[Job, _Probe]:
+        await rt.drain(horizon=horizon)  # what earlier runs left, before the fakes are reset
         if reset is not None:
             await _call_user(reset)
-        await rt.drain(horizon=horizon)
         probe = _Probe(rt, job_kind, set(rt.enqueued), cut, before_resume)
         with instrumented(probe):
             job_id = await rt.enqueue(job_kind, args)
