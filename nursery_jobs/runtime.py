@@ -6,8 +6,9 @@ backend's events to them, and owns the order in which they start and stop. Nothi
 takes the whole runtime.
 
 Start order (each step only once the previous one is ready): validate the app and settings ->
-open the backend -> subscribe to its events -> the backend's own service (LISTEN) -> completer
--> heartbeats, cancel hints, rescuer, retention -> one executor per queue -> user code.
+open the backend -> subscribe to its events -> the app's resources, in declaration order -> the
+backend's own service (LISTEN) -> completer -> heartbeats, cancel hints, rescuer, retention ->
+one executor per queue -> user code.
 
 Shutdown reverses it, and every step is bounded:
 
@@ -21,8 +22,9 @@ Shutdown reverses it, and every step is bounded:
    completer, which writes every outcome still pending -- if the backend does not take them in
    time, the completer is abandoned and the unwritten job ids are logged (on a durable backend
    those jobs stay running and are rescued);
-6. within a last `flush_bound`: write what torn-down tasks gave back, unsubscribe, and close the
-   backend if the runtime opened it.
+6. once every task has ended, close the resources in reverse order (each within
+   `resource_bound`, see `execution/resources.py`); then within a last `flush_bound`: write
+   what torn-down tasks gave back, unsubscribe, and close the backend if the runtime opened it.
 
 The sequence runs shielded from outside cancellation but inside its own bounds, so `open_runtime`
 exits within `grace + 3 * flush_bound` -- even when the backend stops answering -- as long as
