@@ -297,3 +297,25 @@ def test_declaration_errors_are_config_errors_naming_the_fix() -> None:
 def test_resource_bound_must_be_positive() -> None:
     with pytest.raises(nj.ConfigError, match="resource_bound must be a finite number of seconds"):
         nj.RuntimeSettings(resource_bound=0)
+
+
+async def test_resources_close_after_the_last_outcome_is_written(autojump_clock: trio.testing.MockClock) -> None:
+    backend = nj.MemoryBackend()
+    app = nj.App()
+    states_at_close: list[nj.JobState] = []
+    ids: list[int] = []
+
+    @app.resource
+    async def http() -> AsyncIterator[str]:
+        yield "client"
+        states_at_close.extend([(await backend.get_job(i)).state for i in ids])
+
+    @app.job(timeout=None)
+    async def work(ctx: nj.JobContext, seconds: float) -> None:
+        assert ctx.resources.http == "client"
+        await trio.sleep(seconds)
+
+    async with nj.open_runtime(app, backend=backend, grace=5) as rt:
+        ids.extend([await rt.enqueue("work", {"seconds": 2}), await rt.enqueue("work", {"seconds": 3600})])
+        await trio.sleep(1)
+    assert states_at_close == [nj.JobState.COMPLETED, nj.JobState.AVAILABLE]  # finished; interrupted, given back
