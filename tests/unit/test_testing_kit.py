@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
+from typing import AsyncIterator
 
 import pytest
 import trio
@@ -91,9 +92,20 @@ def nj_app() -> nj.App:
     return app
 
 
+@app.resource
+async def http() -> AsyncIterator[object]:
+    raise AssertionError("the tests replace it")
+    yield
+
+
+@app.job(queue="work")
+async def post_it(ctx: nj.JobContext, body: str) -> None:
+    await ctx.resources.http.post(body)
+
+
 @pytest.fixture
 def nj_options() -> dict[str, object]:
-    return {"grace": 3}
+    return {"grace": 3, "resources": {"http": api}}
 
 
 @pytest.fixture(autouse=True)
@@ -190,7 +202,7 @@ async def test_run_job_returns_the_final_job_after_its_retries(runtime: TestRunt
 async def test_the_kit_names_what_it_needs_outside_a_test_runtime() -> None:
     with pytest.raises(nj.ConfigError, match="needs the test runtime in this context: use the `runtime` fixture"):
         await nj.testing.run_job(flaky)
-    async with nj.open_runtime(app) as rt:
+    async with nj.open_runtime(app, resources={"http": api}) as rt:
         with pytest.raises(nj.ConfigError, match="only the test runtime keeps"):
             nj.testing.assert_enqueued(rt, flaky)
 
@@ -244,3 +256,5 @@ async def test_a_checkpoint_inside_a_call_names_the_handler_line_and_the_innermo
 
 async def test_the_fixture_takes_more_open_runtime_options(runtime: TestRuntime) -> None:
     assert runtime.settings.grace == 3
+    await nj.testing.run_job(post_it, body="via the fake")
+    assert api.posts == ["via the fake"]
