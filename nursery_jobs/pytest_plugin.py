@@ -1,5 +1,6 @@
 """nursery_jobs' pytest plugin: the `runtime` fixture (`nursery_jobs.testing`'s test runtime on
-a `MockClock`), loaded through the ``pytest11`` entry point wherever nursery_jobs is installed.
+a `MockClock`), loaded through the ``pytest11`` entry point ``nursery_jobs.pytest_plugin``
+wherever nursery_jobs is installed (``-p no:nursery_jobs.pytest_plugin`` turns it off).
 
 Loaded into every pytest run of such an environment, so it costs nothing until a test asks for
 `runtime`: importing it imports only pytest, its fixtures are lazy, it registers no marker,
@@ -60,7 +61,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     users = [item for item in items if isinstance(item, pytest.Function) and FIXTURE in item.fixturenames]
     if not users:
         return
-    if not config.pluginmanager.hasplugin("trio"):
+    if not _pytest_trio_active(config):
         raise pytest.UsageError(
             f"{users[0].nodeid} uses nursery_jobs' `{FIXTURE}` fixture, which runs under Trio: "
             "install pytest-trio (pip install pytest-trio)"
@@ -69,6 +70,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if inspect.iscoroutinefunction(item.obj):
             # First, so pytest-trio takes this run (its trio_mode mark, if any, comes after).
             item.add_marker(pytest.mark.trio(run=_run_on_clock(item)), append=False)
+
+
+def _pytest_trio_active(config: pytest.Config) -> bool:
+    try:
+        import pytest_trio.plugin  # type: ignore[import-untyped]
+    except ImportError:
+        return False
+    return config.pluginmanager.is_registered(pytest_trio.plugin)  # by its entry point or by -p
 
 
 def _run_on_clock(item: pytest.Function) -> Callable[..., Any]:

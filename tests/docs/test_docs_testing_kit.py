@@ -4,6 +4,7 @@ into a project of its own (pytest-trio's trio_mode, the page's conftest.py that 
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 import shutil
@@ -26,6 +27,9 @@ def conftest_block() -> str:
 
 
 def test_the_worked_example_passes_on_every_backend(tmp_path: Path, pg_url: str) -> None:
+    # As a user's project: the plugin comes from the installed entry point, nothing names it.
+    installed = [ep for ep in importlib.metadata.entry_points(group="pytest11") if ep.value == "nursery_jobs.pytest_plugin"]
+    assert installed, "the pytest11 entry point is not installed in this environment: run .venv/bin/pip install -e '.[test]'"
     shutil.copy(ROOT / "examples" / "test_service.py", tmp_path)
     (tmp_path / "pytest.ini").write_text("[pytest]\ntrio_mode = true\n")
     (tmp_path / "conftest.py").write_text(conftest_block().replace(PAGE_URL, pg_url))

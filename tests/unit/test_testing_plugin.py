@@ -7,6 +7,9 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
+# The plugin by name as well as by its entry point: the same registration either way.
+ARGS = ("-p", "no:cacheprovider", "-p", "nursery_jobs.pytest_plugin")
+
 APP = """
 import pytest
 import trio
@@ -47,7 +50,7 @@ def test_a_project_that_does_not_use_the_fixture_is_left_alone(pytester: pytest.
             await trio.sleep(0)
         """
     )
-    result = pytester.runpytest("-p", "no:cacheprovider")
+    result = pytester.runpytest(*ARGS)
     result.assert_outcomes(passed=2)
 
 
@@ -69,7 +72,7 @@ async def test_a_clock_of_the_tests_own_wins(runtime, mock_clock):
     assert trio.lowlevel.current_clock() is mock_clock
 """
     )
-    result = pytester.runpytest("-p", "no:cacheprovider")
+    result = pytester.runpytest(*ARGS)
     result.assert_outcomes(passed=2)
 
 
@@ -87,10 +90,10 @@ async def test_on_sqlite(runtime, nj_clock):
     assert job.state is nj.JobState.COMPLETED
 """
     )
-    pytester.runpytest("-p", "no:cacheprovider", "--nj-backend", "sqlite").assert_outcomes(passed=1)
+    pytester.runpytest(*ARGS, "--nj-backend", "sqlite").assert_outcomes(passed=1)
     monkeypatch.setenv("NURSERY_JOBS_TEST_BACKEND", "sqlite")
-    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
-    result = pytester.runpytest("-p", "no:cacheprovider", "--nj-backend", "mysql")
+    pytester.runpytest(*ARGS).assert_outcomes(passed=1)
+    result = pytester.runpytest(*ARGS, "--nj-backend", "mysql")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*test backend 'mysql' is not one of: memory, sqlite, a postgresql:// URL*"])
 
@@ -105,13 +108,13 @@ def test_without_nj_app_the_failure_says_what_to_define(pytester: pytest.Pyteste
             pass
         """
     )
-    result = pytester.runpytest("-p", "no:cacheprovider")
+    result = pytester.runpytest(*ARGS)
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*fixture needs your App: define a fixture named `nj_app` returning it*"])
 
 
 def test_without_pytest_trio_the_fixture_is_refused_at_collection(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_service=APP + "\nasync def test_it(runtime):\n    pass\n")
-    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:trio")
+    result = pytester.runpytest(*ARGS, "-p", "no:trio")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*uses nursery_jobs' `runtime` fixture, which runs under Trio: install pytest-trio*"])
