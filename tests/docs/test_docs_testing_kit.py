@@ -1,10 +1,12 @@
 """docs/testing.md's worked example runs as a user runs it: `examples/test_service.py` copied
 into a project of its own (pytest-trio's trio_mode, the page's conftest.py that parametrises
-`nj_backend`), run by pytest in a subprocess, on memory, SQLite and PostgreSQL."""
+`nj_backend`), run by pytest in a subprocess, on memory, SQLite and PostgreSQL; and the failure
+the page shows is the one the example's naive handler gives."""
 
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
 import re
 import shutil
@@ -13,6 +15,11 @@ import sys
 from pathlib import Path
 
 import psycopg
+import pytest
+import trio
+import trio.testing
+
+import nursery_jobs as nj
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "testing.md"
@@ -47,3 +54,25 @@ def test_the_worked_example_passes_on_every_backend(tmp_path: Path, pg_url: str)
     with psycopg.connect(pg_url) as conn:  # each test's schema was dropped after it
         left = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'nj_test_%'").fetchall()
     assert left == []
+
+
+def test_the_failure_the_page_shows_is_the_one_the_example_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # file names in the message are relative to the working directory
+    spec = importlib.util.spec_from_file_location("example_test_service", ROOT / "examples" / "test_service.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+
+    async def check() -> str:
+        async with nj.testing.open_test_runtime(example.app):
+            with pytest.raises(nj.testing.NotIdempotent) as failed:
+                await nj.testing.check_at_least_once(
+                    example.send_welcome_naive, {"user_id": 3}, observe=example.observe, reset=example.reset
+                )
+        return str(failed.value)
+
+    message = trio.run(check, clock=trio.testing.MockClock(autojump_threshold=0))
+    shown = re.search(r"^  ```\n(  send_welcome_naive.*?)^  ```$", PAGE.read_text(), re.MULTILINE | re.DOTALL)
+    assert shown, "docs/testing.md no longer shows the failure"
+    lines = [line[2:] for line in shown.group(1).splitlines() if line.strip() != "..."]
+    assert [line for line in lines if line not in message.splitlines()] == []
