@@ -2,9 +2,10 @@
 a `MockClock`), loaded through the ``pytest11`` entry point ``nursery_jobs.pytest_plugin``
 wherever nursery_jobs is installed (``-p no:nursery_jobs.pytest_plugin`` turns it off).
 
-Loaded into every pytest run of such an environment, so it costs nothing until a test asks for
-`runtime`: importing it imports only pytest, its fixtures are lazy, it registers no marker,
-and only an ``async def`` test that uses `runtime` is touched (given a clock). A project's own
+Loaded into every pytest run of such an environment, so it is inert until a test asks for
+`runtime`: importing it starts nothing and does no I/O (it imports the package, as any
+``import nursery_jobs`` does, and pytest), its fixtures are lazy, it registers no marker, and
+only an ``async def`` test that uses `runtime` is touched (given a clock). A project's own
 fixture of the same name (in a conftest.py or a test module) overrides this one, as pytest
 always lets a closer fixture win.
 

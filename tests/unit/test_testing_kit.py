@@ -4,6 +4,8 @@ check_at_least_once, each on the memory backend in virtual time."""
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -258,3 +260,11 @@ async def test_the_fixture_takes_more_open_runtime_options(runtime: TestRuntime)
     assert runtime.settings.grace == 3
     await nj.testing.run_job(post_it, body="via the fake")
     assert api.posts == ["via the fake"]
+
+
+def test_nj_testing_is_loaded_on_first_use_not_by_the_package() -> None:
+    code = (
+        "import sys, nursery_jobs as nj; assert 'nursery_jobs.testing' not in sys.modules; "
+        "assert nj.testing.run_job and 'nursery_jobs.testing' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
