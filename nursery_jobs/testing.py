@@ -452,7 +452,8 @@ async def check_at_least_once(
     checkpoint (the handler runs to its end, its outcome is not kept: a worker that died just
     then), it runs the job again, cuts that attempt there as a shutdown would (Cancelled at the
     checkpoint, the attempt given back), lets the runtime run the job again to completion, and
-    compares ``observe()`` with the clean run.
+    compares ``observe()`` with the clean run. Only the handler's own task is counted: child
+    tasks of ``ctx.children()`` are cut with it, wherever they are.
 
     `reset`, called (or awaited) before every run, puts your fakes back to the start so each run
     is judged on its own; without it each run starts from what the previous ones left, as
