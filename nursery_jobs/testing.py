@@ -460,9 +460,10 @@ async def check_at_least_once(
     repeated deliveries do (then only the first difference is reported: the next ones would be
     judged against effects already wrong). Between runs the runtime is drained (`rt.drain`).
 
-    Returns the number of checkpoints tried. Raises `NotIdempotent` naming each checkpoint
+    Returns the number of interruptions tried. Raises `NotIdempotent` naming each checkpoint
     (``file:line in handler``, and the innermost user frame below it) where the effects differ,
-    with both observations; AssertionError when the clean run itself does not complete.
+    with both observations; AssertionError when the clean run itself does not complete, or when
+    a run after `reset` takes another path than the clean one (fewer checkpoints).
     """
     rt = _current("check_at_least_once")
     job_kind = kind if isinstance(kind, JobKind) else rt.app.kind(kind)
@@ -498,6 +499,14 @@ async def check_at_least_once(
     failures = []
     for cut, before_resume, label in trials:
         job, probe = await deliver(cut, before_resume)
+        if not probe.done and reset is not None:
+            # From the same start the run must take the same path; without reset, a run that
+            # finds the work done and yields less is what a repeated delivery does.
+            raise AssertionError(
+                f"{_call(job_kind.name, args)} yielded {probe.count} times this run, not the {len(where)} of its clean "
+                f"run, so it could not be cut {label}: check_at_least_once needs a handler that takes the same path "
+                "on every run with the same args and fakes (pass reset=)"
+            )
         if job.state is not JobState.COMPLETED:
             error = f": {job.errors[-1].message}" if job.errors else ""
             failures.append(f"interrupted {label}\n    then the job ended {job.state.value}{error}")

@@ -86,6 +86,24 @@ def line_of(fn: object, marker: str) -> int:
     return next(i for i, line in enumerate(lines, start) if marker in line)
 
 
+@app.job(queue="work")
+async def skip_if_charged(ctx: nj.JobContext, order: str) -> None:
+    if order not in charged:
+        await trio.sleep(0.1)
+        charged[order] = 1
+        await trio.sleep(0.1)
+
+
+runs: list[int] = []
+
+
+@app.job(queue="work")
+async def first_run_waits(ctx: nj.JobContext) -> None:
+    runs.append(ctx.id)
+    if len(runs) == 1:
+        await trio.sleep(0.1)  # state the test's reset does not put back
+
+
 SECOND_CHECKPOINT = line_of(charge.fn, "(the second checkpoint)")
 
 
@@ -268,3 +286,14 @@ def test_nj_testing_is_loaded_on_first_use_not_by_the_package() -> None:
         "assert nj.testing.run_job and 'nursery_jobs.testing' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+async def test_without_reset_a_handler_that_finds_its_work_done_passes(runtime: TestRuntime) -> None:
+    # The later runs find the order charged and skip both checkpoints: nothing to cut, same effects.
+    assert await nj.testing.check_at_least_once(skip_if_charged, {"order": "A-1"}, observe=lambda: dict(charged)) == 3
+
+
+async def test_a_handler_that_takes_another_path_after_reset_is_named(runtime: TestRuntime) -> None:
+    runs.clear()
+    with pytest.raises(AssertionError, match=r"first_run_waits\(\) yielded 0 times this run, not the 1 of its clean run"):
+        await nj.testing.check_at_least_once(first_run_waits, {}, observe=lambda: None, reset=lambda: None)
