@@ -42,6 +42,7 @@ from .infra.threads import run_blocking
 from .jobs import Discard, Job, JobContext, JobError, JobId, JobState, Receipt, Resource, Resources, Snooze
 from .client import Client, QueueStats
 from .runtime import Runtime, open_runtime, run
+from .services.periodic import PeriodicInfo
 
 if _TYPE_CHECKING:
     from . import testing as testing
@@ -64,6 +65,7 @@ __all__ = [
     "JobState",
     "MemoryBackend",
     "NurseryJobsError",
+    "PeriodicInfo",
     "QueueConfig",
     "QueueStats",
     "Receipt",

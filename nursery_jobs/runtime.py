@@ -8,11 +8,12 @@ takes the whole runtime.
 Start order (each step only once the previous one is ready): validate the app and settings ->
 open the backend -> subscribe to its events -> the app's resources, in declaration order -> the
 backend's own service (LISTEN) -> completer -> heartbeats, cancel hints, rescuer, retention ->
-one executor per queue -> user code.
+the periodic scheduler -> one executor per queue -> user code.
 
 Shutdown reverses it, and every step is bounded:
 
-1. refuse new enqueues (`RuntimeClosed`) and stop claiming: fetchers stop, idle workers exit;
+1. stop the periodic scheduler, refuse new enqueues (`RuntimeClosed`) and stop claiming:
+   fetchers stop, idle workers exit;
 2. wait up to `grace` seconds for running attempts to finish on their own;
 3. cancel what is still running, with the reason "shutdown": those attempts are *interrupted*,
    not failed -- the attempt is given back and the job is available again (on durable backends,
@@ -54,7 +55,16 @@ import trio
 
 from ._context import culprit_of, current_enqueuer, current_resources
 from .app import App
-from .backends import Backend, BackendEvent, CancelRequested, ClaimedJob, JobFinalized, JobsAvailable, open_backend
+from .backends import (
+    Backend,
+    BackendEvent,
+    CancelRequested,
+    ClaimedJob,
+    JobFinalized,
+    JobsAvailable,
+    ScheduleStore,
+    open_backend,
+)
 from .client import Client, QueueStats
 from .config import RuntimeSettings
 from .coordination.receipts import Receipts
@@ -70,6 +80,7 @@ from .infra.watchdog import watch_blocked_loop
 from .services import ServiceSet
 from .services.backend import BackendService
 from .services.heartbeats import CancelHints, Heartbeats
+from .services.periodic import PeriodicInfo, Scheduler
 from .services.rescuer import Rescuer
 from .services.retention import Retention
 
@@ -134,6 +145,20 @@ class Runtime(Client):
                 ),
             ]
         )
+        schedules = list(app.periodic_schedules.values())
+        if schedules and not isinstance(backend, ScheduleStore):
+            raise ConfigError(
+                f"the app declares periodic schedules ({', '.join(s.name for s in schedules)}) but the backend "
+                f"{backend.url!r} cannot store them (it does not implement ScheduleStore)"
+            )
+        self.scheduler = (
+            Scheduler(backend, schedules, closing=lambda: self.closing)  # type: ignore[arg-type]
+            if schedules
+            else None
+        )
+        self.periodic_service = ServiceSet([self.scheduler] if self.scheduler is not None else [])
+        """Started after the other services, stopped first: when the shutdown begins, before
+        claiming stops (so no tick is enqueued once enqueues are refused)."""
         self.shutdown_requested = trio.Event()
         """Set when the service is asked to stop: at `nj.run`'s first signal and by
         `begin_shutdown` (so also when the runtime's shutdown begins). A server in `main` waits
@@ -177,9 +202,18 @@ class Runtime(Client):
         code (main) is still winding down; sets `shutdown_requested`. Leaving `open_runtime`
         does the rest."""
         self.shutdown_requested.set()
+        self.periodic_service.stop()
         self.closing = True
         for executor in self.executors.values():
             executor.stop_claiming()
+
+    async def periodic(self) -> list[PeriodicInfo]:
+        """Every schedule the app declares (`App.periodic`), enabled or not: its name,
+        schedule, timezone, kind, last tick (enqueued by any process), the next tick this
+        runtime will enqueue, and the last tick's job and its state now."""
+        if self.scheduler is None:
+            return []
+        return await self.scheduler.describe()
 
     def skip_grace(self) -> None:
         """End the grace period now (or make the coming shutdown skip it): running attempts
@@ -254,6 +288,7 @@ class Runtime(Client):
                     settings.flush_bound,
                     ", ".join(f"job {i}" for i in unwritten) or "none pending",
                 )
+            self.periodic_service.stop()
             self.services.stop()
             self.backend_service.stop()
 
@@ -343,6 +378,7 @@ async def open_runtime(
                 await rt.backend_service.start(owner)
                 await owner.start(rt.completer.run, name="completer")
                 await rt.services.start(owner)
+                await rt.periodic_service.start(owner)
                 for name, executor in rt.executors.items():
                     await owner.start(executor.run, name=f"queue:{name}")
                 graceful = True

@@ -23,6 +23,8 @@ from .protocol import (
     Outcome,
     OutcomeKind,
     QueueCounts,
+    ScheduleState,
+    ScheduleStore,
     TransactionalEnqueue,
 )
 from .registry import open_backend, register
@@ -44,6 +46,8 @@ __all__ = [
     "Outcome",
     "OutcomeKind",
     "QueueCounts",
+    "ScheduleState",
+    "ScheduleStore",
     "TransactionalEnqueue",
     "open_backend",
     "register",

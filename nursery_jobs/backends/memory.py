@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import heapq
 import math
+import time
 from typing import Mapping, Sequence
 
 import trio
@@ -42,6 +43,7 @@ from .protocol import (
     Outcome,
     OutcomeKind,
     QueueCounts,
+    ScheduleState,
 )
 
 _tuple_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
@@ -112,12 +114,32 @@ class MemoryBackend:
         self._listeners: list[Listener] = []
         self._running: set[int] = set()
         self._next_id = 1
+        self._schedules: dict[str, ScheduleState] = {}
+        self._unix_offset: float | None = None
 
     def __repr__(self) -> str:
         return f"<MemoryBackend jobs={len(self._rows)}>"
 
     def now(self) -> float:
         return trio.current_time()
+
+    # -- ScheduleStore --
+
+    def unix_time(self) -> float:
+        if self._unix_offset is None:
+            self._unix_offset = time.time() - trio.current_time()
+        return self._unix_offset + trio.current_time()
+
+    async def schedule_states(self, names: Sequence[str]) -> Mapping[str, ScheduleState]:
+        return {name: self._schedules[name] for name in names if name in self._schedules}
+
+    async def enqueue_tick(self, name: str, tick: float, job: NewJob) -> InsertResult | None:
+        state = self._schedules.get(name)
+        if state is not None and state.last_tick is not None and tick <= state.last_tick:
+            return None
+        (result,) = await self.insert_many([job])  # never yields: the two changes are one
+        self._schedules[name] = ScheduleState(tick, result.id)
+        return result
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)

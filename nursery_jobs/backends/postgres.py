@@ -88,6 +88,7 @@ from .protocol import (
     NewJob,
     Outcome,
     QueueCounts,
+    ScheduleState,
 )
 from .rows import counts_from_rows, job_from_row
 from .transitions import sql_case
@@ -851,6 +852,34 @@ class PostgresBackend:
 
     # -- transactional enqueue --
 
+    # -- ScheduleStore --
+
+    def unix_time(self) -> float:
+        return self.now()
+
+    async def schedule_states(self, names: Sequence[str]) -> Mapping[str, ScheduleState]:
+        q = self._q["schedule_states"]
+        rows = await self._run(lambda c: _all(c, q, (list(names),)))
+        return {name: ScheduleState(float(tick), job_id) for name, tick, job_id in rows}
+
+    async def enqueue_tick(self, name: str, tick: float, job: NewJob) -> InsertResult | None:
+        now = self.now()
+        run_at = now if job.run_at is None or job.run_at < now else job.run_at
+
+        async def body(conn: TrioConnection) -> InsertResult | None:
+            async with conn.transaction():
+                if await _one(conn, self._q["advance_tick"], (name, tick)) is None:
+                    return None
+                result = await self._insert_one(conn, job, run_at, now)
+                if not result.existing:
+                    await _exec(conn, self._q["tick_job"], (result.id, name))
+                return result
+
+        result: InsertResult | None = await self._run(body, retry=False)
+        if result is not None:
+            self._emit_inserted([job], [run_at], [result], now)
+        return result
+
     def insert_sql(self, job: NewJob, now: float) -> tuple[sql.Composed, tuple[Any, ...]]:
         """The statement and parameters that insert `job` and notify its queue, for running on
         the caller's own connection inside the caller's transaction."""
@@ -994,6 +1023,15 @@ _QUERIES: dict[str, sql.SQL] = {
         " RETURNING id)"
         " SELECT id, (SELECT count(*) FROM (SELECT pg_notify(%s, %s)) x) FROM ins"
     ),
+    # Periodic schedules (migration 0008): the tick is taken only if later than the stored one;
+    # a concurrent upsert of the same tick waits for the row lock and then finds it taken.
+    "advance_tick": sql.SQL(
+        "INSERT INTO {s}.schedules AS sch (name, last_tick) VALUES (%s, %s) ON CONFLICT (name) DO UPDATE"
+        " SET last_tick = EXCLUDED.last_tick, last_job_id = NULL WHERE sch.last_tick < EXCLUDED.last_tick"
+        " RETURNING name"
+    ),
+    "tick_job": sql.SQL("UPDATE {s}.schedules SET last_job_id = %s WHERE name = %s"),
+    "schedule_states": sql.SQL("SELECT name, last_tick, last_job_id FROM {s}.schedules WHERE name = ANY(%s)"),
     "find_unique": sql.SQL(
         "SELECT id FROM {s}.jobs WHERE unique_key = %s AND state NOT IN ('completed', 'discarded', 'cancelled')"
     ),

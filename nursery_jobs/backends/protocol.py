@@ -16,6 +16,8 @@ Capabilities:
   the backend's own background service.
 - `Backend` = both: what `open_runtime` needs.
 - `TransactionalEnqueue`: enqueue inside the caller's own database transaction (PostgreSQL).
+- `ScheduleStore`: periodic schedules' last ticks, and a tick's job enqueued exactly once
+  across processes (a conditional update of the schedule's row, in the insert's transaction).
 - Coming capabilities (per-key leases, locks, the outbox, admin queries for the CLI and the
   dashboard) are protocols of their own beside these, so a backend without them still works
   and says so by not implementing them.
@@ -54,6 +56,8 @@ __all__ = [
     "Outcome",
     "OutcomeKind",
     "QueueCounts",
+    "ScheduleState",
+    "ScheduleStore",
     "TransactionalEnqueue",
 ]
 
@@ -311,4 +315,37 @@ class TransactionalEnqueue(Protocol):
         the new job's id, or no row when `unique_key` is held by a job that is not final (the
         caller learns nothing of the holder: no lookup runs inside its transaction). The job is
         stored as `insert_many` would store it."""
+        ...
+
+
+class ScheduleState(NamedTuple):
+    last_tick: float | None
+    """The latest tick enqueued, as Unix time (None: never)."""
+    last_job_id: int | None
+    """The job that tick enqueued (None: never, or the tick's insert found its unique key held)."""
+
+
+@runtime_checkable
+class ScheduleStore(Protocol):
+    """Periodic schedules (`App.periodic`): one row per schedule name, holding its last tick.
+    No leader: every process's scheduler calls `enqueue_tick`, and the row decides."""
+
+    def unix_time(self) -> float:
+        """Now as Unix time (seconds since the epoch, UTC): the clock schedules tick on. A durable
+        backend's `now()` (Unix time unless a test passes another clock); memory's is Trio's
+        clock shifted to the Unix time it had when first read."""
+        ...
+
+    async def schedule_states(self, names: Sequence[str]) -> Mapping[str, ScheduleState]:
+        """The stored state of each of `names` that has one (a schedule never ticked is absent).
+        Emits nothing."""
+        ...
+
+    async def enqueue_tick(self, name: str, tick: float, job: NewJob) -> InsertResult | None:
+        """If `tick` is later than the schedule's last tick, or it has none: in one
+        transaction, make `tick` its last tick, insert `job` as `insert_many` would (events
+        included, after the commit) and record the job's id; return the insert's result.
+        Otherwise change nothing and return None. So of any number of calls for one tick, from
+        any process, exactly one returns a result, and a schedule's ticks only move forward.
+        Cancel-atomic like `insert_many`; not retried on a lost connection."""
         ...

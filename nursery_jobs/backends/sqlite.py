@@ -57,6 +57,7 @@ from .protocol import (
     NewJob,
     Outcome,
     QueueCounts,
+    ScheduleState,
 )
 from .transitions import CancelAction, after_outcome, after_rescue, on_cancel
 from .rows import (
@@ -112,6 +113,8 @@ CREATE INDEX IF NOT EXISTS nj_jobs_finalized ON nj_jobs (state, finalized_at)
 -- While a job with a unique key is not final, no other job may hold that key.
 CREATE UNIQUE INDEX IF NOT EXISTS nj_jobs_unique ON nj_jobs (unique_key)
     WHERE unique_key IS NOT NULL AND state NOT IN ('completed', 'discarded', 'cancelled');
+-- Periodic schedules: each one's last enqueued tick (Unix time) and that tick's job.
+CREATE TABLE IF NOT EXISTS nj_schedules (name TEXT PRIMARY KEY, last_tick REAL NOT NULL, last_job_id INTEGER);
 """
 
 _PENDING = "('available', 'scheduled', 'retryable')"
@@ -714,3 +717,62 @@ class SqliteBackend:
             self._emit(await self._call(self._tx, set_aside))
             rows = await self._call(body)
         return counts_from_rows(rows)
+
+    # -- ScheduleStore --
+
+    def unix_time(self) -> float:
+        return self.now()
+
+    async def schedule_states(self, names: Sequence[str]) -> Mapping[str, ScheduleState]:
+        wanted = list(names)
+
+        def body() -> Any:
+            assert self._conn is not None
+            return self._conn.execute("SELECT name, last_tick, last_job_id FROM nj_schedules").fetchall()
+
+        out: dict[str, ScheduleState] = {}
+        for name, tick, job_id in await self._call(body):
+            if name in wanted:  # a value another writer left that is not a number reads as none
+                out[name] = ScheduleState(
+                    float(tick) if isinstance(tick, (int, float)) else None,
+                    job_id if isinstance(job_id, int) else None,
+                )
+        return out
+
+    async def enqueue_tick(self, name: str, tick: float, job: NewJob) -> InsertResult | None:
+        now = self.now()
+        run_at = now if job.run_at is None or job.run_at < now else job.run_at
+
+        def body(conn: sqlite3.Connection) -> InsertResult | None:
+            # The write lock is ours (BEGIN IMMEDIATE): the row's check and the insert are one.
+            # A last tick that is not a number (written by someone else) is replaced.
+            advanced = conn.execute(
+                "INSERT INTO nj_schedules (name, last_tick) VALUES (?, ?) ON CONFLICT (name) DO UPDATE"
+                " SET last_tick = excluded.last_tick, last_job_id = NULL"
+                " WHERE typeof(nj_schedules.last_tick) NOT IN ('real', 'integer')"
+                " OR nj_schedules.last_tick < excluded.last_tick RETURNING name",
+                (name, tick),
+            ).fetchone()
+            if advanced is None:
+                return None
+            row = conn.execute(
+                "INSERT INTO nj_jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at, unique_key)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL"
+                " AND state NOT IN ('completed', 'discarded', 'cancelled') DO NOTHING RETURNING id",
+                (job.kind, job.queue, job.args_json, "available" if run_at <= now else "scheduled",
+                 job.max_attempts, job.priority, run_at, now, job.unique_key),
+            ).fetchone()  # fmt: skip
+            if row is None:
+                (existing,) = conn.execute(
+                    "SELECT id FROM nj_jobs WHERE unique_key = ? AND state NOT IN ('completed', 'discarded', 'cancelled')",
+                    (job.unique_key,),
+                ).fetchone()
+                return InsertResult(existing, True)
+            conn.execute("UPDATE nj_schedules SET last_job_id = ? WHERE name = ?", (row[0], name))
+            return InsertResult(row[0], False)
+
+        result: InsertResult | None = await self._call(self._tx, body)
+        if result is not None and not result.existing:
+            self._emit([JobsAvailable(job.queue) if run_at <= now else JobsAvailable(job.queue, run_at)])
+        return result

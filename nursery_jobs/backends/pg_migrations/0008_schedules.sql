@@ -1,0 +1,15 @@
+-- nursery_jobs schema, version 8: periodic schedules (@app.periodic).
+-- (6 and 7 are numbers reserved for other changes.)
+--
+-- One row per schedule name: the last tick enqueued (Unix time, seconds) and that tick's job.
+-- A scheduler in every process advances the row with a conditional upsert
+-- (`last_tick < EXCLUDED.last_tick`) in the same transaction as the tick's insert, so of any
+-- number of processes exactly one enqueues each tick, with no leader: a second upsert of the
+-- same tick waits for the first's row lock, then finds the tick taken. The row is the state
+-- that outlives every process: what "missed" means after a downtime, and what
+-- `rt.periodic()` shows. No foreign key to jobs: retention deletes old jobs.
+CREATE TABLE {schema}.schedules (
+    name text PRIMARY KEY,
+    last_tick double precision NOT NULL,
+    last_job_id bigint
+);
