@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import trio
 
 import nursery_jobs as nj
@@ -19,10 +20,20 @@ async def _total(backend: nj.Backend) -> int:
     return 0 if c is None else c.available + c.scheduled + c.running + c.completed
 
 
-async def test_every_backend_stores_schedules(make_backend) -> None:
+@pytest.fixture(autouse=True)
+def _stores_schedules(make_backend) -> None:
+    """A capability of its own: a backend without it is not held to it (the runtime refuses
+    schedules on it; the package's backends all have it: `tests/unit/test_periodic.py`)."""
+    if not isinstance(make_backend(), nj.backends.ScheduleStore):
+        pytest.skip("this backend does not implement ScheduleStore")
+
+
+async def test_unix_time_is_a_float_near_the_backends_clock(make_backend, autojump_clock) -> None:
     async with opened(make_backend) as backend:
         assert isinstance(backend, nj.backends.ScheduleStore)
-        assert isinstance(backend.unix_time(), float)
+        first = backend.unix_time()
+        await trio.sleep(5)
+        assert isinstance(first, float) and backend.unix_time() - first == pytest.approx(5)
 
 
 async def test_a_tick_enqueues_its_job_once_and_ticks_only_move_forward(make_backend, autojump_clock) -> None:

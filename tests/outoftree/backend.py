@@ -29,6 +29,8 @@ from nursery_jobs.backends import (
     NewJob,
     Outcome,
     QueueCounts,
+    ScheduleState,
+    ScheduleStore,
 )
 
 SCHEME = "delegate"
@@ -110,6 +112,23 @@ class DelegatingBackend:
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await self._step()
         await self.inner.serve(task_status=task_status)
+
+    # -- ScheduleStore: a capability of its own, delegated the same way --
+
+    def _schedules(self) -> ScheduleStore:
+        assert isinstance(self.inner, ScheduleStore), f"{self.inner.url} does not store schedules"
+        return self.inner
+
+    def unix_time(self) -> float:
+        return self._schedules().unix_time()
+
+    async def schedule_states(self, names: Sequence[str]) -> Mapping[str, ScheduleState]:
+        await self._step()
+        return await self._schedules().schedule_states(names)
+
+    async def enqueue_tick(self, name: str, tick: float, job: NewJob) -> InsertResult | None:
+        await self._step()
+        return await self._schedules().enqueue_tick(name, tick, job)
 
 
 def open_delegate(url: str) -> nj.Backend:

@@ -288,6 +288,16 @@ async def test_the_runtime_enqueues_no_tick_once_its_shutdown_began(autojump_clo
         assert await _jobs(backend) == before >= 3
 
 
+def test_the_packages_backends_all_store_schedules(tmp_path: Any) -> None:
+    from nursery_jobs.backends.postgres import PostgresBackend
+    from nursery_jobs.backends.sqlite import SqliteBackend
+
+    for cls in (nj.MemoryBackend, SqliteBackend, PostgresBackend):
+        assert all(callable(getattr(cls, m, None)) for m in ("unix_time", "schedule_states", "enqueue_tick")), cls
+    assert isinstance(nj.MemoryBackend(), nj.backends.ScheduleStore)
+    assert isinstance(SqliteBackend(str(tmp_path / "j.db")), nj.backends.ScheduleStore)
+
+
 class _NoSchedules:
     """A backend without the ScheduleStore capability (delegates the rest)."""
 
