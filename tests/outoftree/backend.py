@@ -116,7 +116,7 @@ class DelegatingBackend:
     # -- ScheduleStore: a capability of its own, delegated the same way --
 
     def _schedules(self) -> ScheduleStore:
-        assert isinstance(self.inner, ScheduleStore), f"{self.inner.url} does not store schedules"
+        assert isinstance(self.inner, ScheduleStore), f"{self.url}: the inner backend does not store schedules"
         return self.inner
 
     def unix_time(self) -> float:
