@@ -87,7 +87,9 @@ def test_sigterm_while_a_request_waits_answers_it_and_loses_nothing(jobs_url, tm
     with open(out, "wb") as fout, open(err, "wb") as ferr:
         proc = subprocess.Popen([sys.executable, str(EXAMPLE)], stdin=subprocess.DEVNULL, stdout=fout, stderr=ferr, env=env)
     try:
-        wait_for(lambda: "READY" in out.read_text(), 20, "READY line", proc, out, err)
+        # hypercorn logs this once its socket listens (the example's READY line comes before).
+        listening = f"Running on http://127.0.0.1:{port}"
+        wait_for(lambda: listening in err.read_text(), 20, "listening socket", proc, out, err)
         assert post(port, "first") == (201, {"id": 1, "job": 1, "indexed": True})
 
         answer: list[tuple[int, dict[str, Any]]] = []
