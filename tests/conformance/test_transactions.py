@@ -100,3 +100,25 @@ async def test_enqueue_tx_needs_a_runtime_and_a_transaction(tx_backend, autojump
     async with nj.open_runtime(app, backend=tx_backend, queues=[]):
         with pytest.raises(nj.ConfigError, match="not object"):
             await index.enqueue_tx(object(), doc_id=1)
+
+
+async def test_a_job_enqueues_its_follow_up_in_a_transaction_of_ctx_client(tx_backend, autojump_clock):
+    app = nj.App()
+    done: list[int] = []
+
+    @app.job()
+    async def notify(ctx: nj.JobContext, doc_id: int) -> None:
+        done.append(doc_id)
+
+    @app.job()
+    async def index(ctx: nj.JobContext, doc_id: int) -> None:
+        client: nj.Client = ctx.client
+        async with client.transaction() as conn:
+            await notify.enqueue_tx(conn, doc_id=doc_id)
+
+    async with nj.open_runtime(app, backend=tx_backend) as rt:
+        assert (await rt.wait(await index.enqueue(doc_id=7), timeout=30)).state is nj.JobState.COMPLETED
+        with trio.fail_after(30):
+            while not done:
+                await trio.sleep(0.1)
+    assert done == [7]
