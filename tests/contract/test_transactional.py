@@ -157,6 +157,21 @@ async def test_a_rolled_back_insert_on_the_callers_connection_leaves_no_job(tx_b
         assert await backend.stats() == {}
 
 
+@pytest.mark.parametrize("size", [3, 60])
+async def test_a_batch_on_the_callers_connection_is_stored_in_order(tx_backend, callers, autojump_clock, size) -> None:
+    # 60: PostgreSQL's COPY path; a batch with unique keys: its all-or-nothing block, a
+    # savepoint inside the caller's transaction.
+    async with opened(tx_backend) as backend:
+        assert isinstance(backend, TransactionalEnqueue)
+        with callers(backend) as conn:
+            plain = await backend.insert_tx(conn, [new(args=f'{{"n": {i}}}') for i in range(size)])
+            keyed = await backend.insert_tx(conn, [new(unique_key="a"), new(unique_key="b"), new(unique_key="a")])
+        assert [r.id for r in plain] == sorted(r.id for r in plain) and not any(r.existing for r in plain)
+        assert [(await backend.get_job(r.id)).args["n"] for r in plain] == list(range(size))
+        assert keyed[2] == (keyed[0].id, True) and not keyed[1].existing
+        assert (await backend.stats())[Q].available == size + 2
+
+
 @pytest.mark.parametrize("start", ["available", "running", "completed"])
 async def test_a_unique_key_on_the_callers_connection_gives_the_holder(tx_backend, callers, autojump_clock, start) -> None:
     async with opened(tx_backend) as backend:
