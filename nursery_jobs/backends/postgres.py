@@ -896,7 +896,8 @@ class PostgresBackend:
         The transaction runs the service's own statements too, so the pool's session settings
         for the runtime's statements (`POOL_SESSION`) are set back to PostgreSQL's defaults for
         it (`SET LOCAL`, in the BEGIN's round trip). Waits at most `acquire_timeout` for a free
-        transaction slot and as long again for a connection; a block that raises or is
+        transaction slot and as long again for a connection; BEGIN and COMMIT are each bounded
+        like any pooled round trip (`PgPool.round_trip_bound`). A block that raises or is
         cancelled is rolled back by the pool (shielded, bounded by `DRAIN_TIMEOUT`), which
         drops the connection if the rollback cannot be done."""
         slots = self._transaction_slots()
@@ -916,7 +917,14 @@ class PostgresBackend:
             async with AsyncExitStack() as stack:
                 try:
                     conn = await stack.enter_async_context(self.pool.connection())
-                    await conn.execute(_BEGIN, prepare=False)
+                    with trio.move_on_after(self.pool.round_trip_bound) as began:
+                        await conn.execute(_BEGIN, prepare=False)
+                    if began.cancelled_caught:
+                        conn.close_now()  # never pooled again
+                        raise BackendUnavailable(
+                            f"no answer to BEGIN from PostgreSQL within {self.pool.round_trip_bound:g} s; nothing "
+                            "was written, and the connection was closed"
+                        )
                 except trio.TooSlowError:
                     raise BackendUnavailable(
                         f"no PostgreSQL connection free in the pool of {self.pool.size} within its wait bound; "
@@ -935,7 +943,14 @@ class PostgresBackend:
                             "(`async with conn.transaction():`) around the statement that may fail"
                         )
                     try:
-                        await conn.execute(b"COMMIT", prepare=False)
+                        with trio.move_on_after(self.pool.round_trip_bound) as committed:
+                            await conn.execute(b"COMMIT", prepare=False)
+                        if committed.cancelled_caught:
+                            conn.close_now()
+                            raise BackendUnavailable(
+                                f"no answer to COMMIT from PostgreSQL within {self.pool.round_trip_bound:g} s: whether "
+                                "the transaction committed is unknown; the connection was closed"
+                            )
                     except psycopg.Error as exc:
                         redact_exception(exc, self.conninfo)
                         if _failure_kind(exc) is _Failure.LOST:
