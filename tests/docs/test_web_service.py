@@ -28,7 +28,7 @@ from tests import pgutil
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "web_service.py"
-INDEX_SECONDS = 1.0  # each index job: the request waiting on it is in flight for about this long
+INDEX_SECONDS = 0.5  # each index job: the request waiting on it is in flight for about this long
 
 
 def free_port() -> int:
