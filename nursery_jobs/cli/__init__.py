@@ -1,5 +1,7 @@
 """The `nursery-jobs` command: `migrate`, and the commands an operator runs a service with.
 
+    nursery-jobs worker MODULE:APP [--backend URL] [--queues a,b] [--grace S]
+                        [--log-level L] [--log-format text|json]
     nursery-jobs migrate --database-url postgresql://user@host/db [--schema nursery_jobs]
 
 Built on click. The command grew from one sub-command to several that share options (the
@@ -16,15 +18,20 @@ must change in the command line or the configuration, 1 for what went wrong whil
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
-from typing import Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import click
 
-from ..errors import ConfigError
+from ..errors import ConfigError, NurseryJobsError
 from ..infra.redact import redact
+from .logs import FORMATS, LEVELS
 
 __all__ = ["main"]
+
+log = logging.getLogger("nursery_jobs")
 
 BACKEND_ENV = "NURSERY_JOBS_BACKEND"
 """The environment variable every command reads the backend URL from when none is given."""
@@ -59,6 +66,125 @@ def cli() -> None:
     Every command that takes a backend URL reads it from the NURSERY_JOBS_BACKEND environment
     variable when it is not given on the command line.
     """
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _backend_option(what: str) -> Callable[[F], F]:
+    return click.option(
+        "--backend",
+        envvar=BACKEND_ENV,
+        show_envvar=True,
+        required=True,
+        metavar="URL",
+        help=f"{what}: sqlite:///path/jobs.db, postgresql://user@host/db?schema=jobs, or memory://.",
+    )
+
+
+@cli.command(context_settings=_CONTEXT)
+@click.argument("app_spec", metavar="MODULE:APP")
+@_backend_option("Where the jobs are")
+@click.option(
+    "--queues",
+    metavar="A,B",
+    default=None,
+    help="Work only these queues, comma-separated (default: every queue the app declares).",
+)
+@click.option(
+    "--grace",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="At shutdown, how long running jobs get to finish before they are interrupted (default: 20).",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(LEVELS, case_sensitive=False),
+    default="info",
+    show_default=True,
+    help="The least severe records shown (the runtime logs each failed attempt as a warning).",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(FORMATS),
+    default="text",
+    show_default=True,
+    help="text: one readable line per record; json: one JSON object per line, with every field.",
+)
+def worker(app_spec: str, backend: str, queues: str | None, grace: float | None, log_level: str, log_format: str) -> int:
+    """Run the app's queues until SIGINT or SIGTERM.
+
+    MODULE:APP names the nursery_jobs.App: a dotted module name (looked up in the current
+    directory, then the installed packages) or a path to a .py file, then the App's attribute
+    name (default: app), e.g. myservice.jobs:app or examples/service_jobs.py:app.
+
+    The first SIGINT or SIGTERM starts the graceful shutdown: no new job is claimed, running jobs
+    get --grace seconds, what is still running then is interrupted and, on a durable backend,
+    runs again at once elsewhere. A second signal skips what is left of the grace. A clean
+    shutdown exits 0.
+    """
+    from ..runtime import Runtime
+    from ..runtime import run as run_runtime
+    from .loading import load_app
+    from .logs import configure
+
+    configure(log_level, log_format)
+    app = load_app(app_spec)
+    names = _queue_names(queues, list(app.queues))
+    box: list[Runtime] = []
+
+    async def serve(rt: Runtime) -> None:
+        box.append(rt)
+        worked = list(rt.executors)
+        log.info(
+            "worker %d started: %s on %s (queues %s)",
+            os.getpid(),
+            app_spec,
+            rt.backend.url,
+            ", ".join(worked) or "none",
+            extra={"event": "worker_started", "app": app_spec, "backend": rt.backend.url, "queues": worked, "pid": os.getpid()},
+        )
+        # The worker has nothing to do but let the queues run: nj.run cancels this at the first
+        # signal, which is the bound of this wait.
+        await _sleep_until_signal()
+
+    try:
+        run_runtime(serve, app=app, backend=backend, grace=grace, queues=names)
+    except ConfigError as exc:
+        raise Failure(redact(str(exc), backend)) from None
+    except NurseryJobsError as exc:
+        raise RunFailure(redact(str(exc), backend)) from None
+    interrupted = box[0].interrupted if box else []
+    log.info(
+        "worker %d stopped%s",
+        os.getpid(),
+        f": {len(interrupted)} running jobs were interrupted and given back" if interrupted else "",
+        extra={"event": "worker_stopped", "app": app_spec, "pid": os.getpid(), "interrupted": interrupted},
+    )
+    return 0
+
+
+async def _sleep_until_signal() -> None:
+    import trio
+
+    await trio.sleep_forever()
+
+
+def _queue_names(given: str | None, declared: list[str]) -> list[str] | None:
+    """--queues as a list (None: every declared queue); an unknown name is a one-line error."""
+    if given is None:
+        return None
+    names = [n.strip() for n in given.split(",") if n.strip()]
+    if not names:
+        raise Failure(f"--queues {given!r} names no queue; the app declares: {', '.join(declared)}")
+    unknown = [n for n in names if n not in declared]
+    if unknown:
+        raise Failure(
+            f"--queues names {', '.join(repr(n) for n in unknown)}, which the app does not declare; "
+            f"it declares: {', '.join(declared)}"
+        )
+    return list(dict.fromkeys(names))
 
 
 @cli.command(context_settings=_CONTEXT)
