@@ -2,6 +2,8 @@
 
     nursery-jobs worker MODULE:APP [--backend URL] [--queues a,b] [--grace S]
                         [--log-level L] [--log-format text|json]
+    nursery-jobs enqueue KIND [--args JSON] [--app MODULE:APP] [--backend URL] [--delay S]
+                         [--priority N] [--queue Q] [--max-attempts N]
     nursery-jobs migrate --database-url postgresql://user@host/db [--schema nursery_jobs]
 
 Built on click. The command grew from one sub-command to several that share options (the
@@ -25,7 +27,9 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import click
 
-from ..errors import ConfigError, NurseryJobsError
+from ..app import JobKind
+from ..errors import ArgsError, ConfigError, NurseryJobsError, UnknownJob
+from ..jobs import JobContext
 from ..infra.redact import redact
 from .logs import FORMATS, LEVELS
 
@@ -35,6 +39,8 @@ log = logging.getLogger("nursery_jobs")
 
 BACKEND_ENV = "NURSERY_JOBS_BACKEND"
 """The environment variable every command reads the backend URL from when none is given."""
+APP_ENV = "NURSERY_JOBS_APP"
+"""The environment variable `enqueue` reads its ``--app MODULE:APP`` from when none is given."""
 
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -121,7 +127,7 @@ def worker(app_spec: str, backend: str, queues: str | None, grace: float | None,
 
     The first SIGINT or SIGTERM starts the graceful shutdown: no new job is claimed, running jobs
     get --grace seconds, what is still running then is interrupted and, on a durable backend,
-    runs again at once elsewhere. A second signal skips what is left of the grace. A clean
+    available again at once, for any worker. A second signal skips what is left of the grace. A clean
     shutdown exits 0.
     """
     from ..runtime import Runtime
@@ -185,6 +191,120 @@ def _queue_names(given: str | None, declared: list[str]) -> list[str] | None:
             f"it declares: {', '.join(declared)}"
         )
     return list(dict.fromkeys(names))
+
+
+@cli.command(context_settings=_CONTEXT)
+@click.argument("kind")
+@click.option(
+    "--args",
+    "args_json",
+    default="{}",
+    show_default=True,
+    metavar="JSON",
+    help="The handler's keyword arguments, as a JSON object: '{\"user_id\": 42}'.",
+)
+@click.option(
+    "--app",
+    "app_spec",
+    envvar=APP_ENV,
+    show_envvar=True,
+    default=None,
+    metavar="MODULE:APP",
+    help="Check KIND and --args against the app's declaration and take its queue, attempts and "
+    "priority from it (recommended).",
+)
+@_backend_option("Where to store the job")
+@click.option("--delay", type=float, default=None, metavar="SECONDS", help="Run it this many seconds from now.")
+@click.option("--priority", type=int, default=None, metavar="N", help="Higher runs first (default: the kind's, else 0).")
+@click.option(
+    "--queue",
+    default=None,
+    metavar="NAME",
+    help="Without --app only: the queue KIND runs on (default: 'default', the queue of an @app.job "
+    "that names none).",
+)
+@click.option(
+    "--max-attempts",
+    type=int,
+    default=None,
+    metavar="N",
+    help="Without --app only: attempts before the job is discarded (default: 25, @app.job's).",
+)
+def enqueue(
+    kind: str,
+    args_json: str,
+    app_spec: str | None,
+    backend: str,
+    delay: float | None,
+    priority: int | None,
+    queue: str | None,
+    max_attempts: int | None,
+) -> int:
+    """Enqueue one job of KIND and print its id.
+
+    With --app, the job is what the service's own `await kind.enqueue(**args)` would make: the
+    kind must be declared, --args must fit its handler, and its queue, attempts and priority are
+    the declaration's. Without it, nothing about the kind is known here: the job goes to --queue
+    (default 'default') as given, and a wrong name or queue is only found by the worker (an
+    unknown kind is discarded) or never (a queue no worker runs).
+    """
+    import json
+
+    from ..app import EnqueueOptions
+    from ..backends import open_backend
+    from ..infra.runner import run_trio
+    from .loading import load_app
+
+    try:
+        args = json.loads(args_json)
+    except ValueError as exc:
+        raise Failure(f"--args is not valid JSON ({exc}); give an object such as '{{\"user_id\": 42}}'") from None
+    if not isinstance(args, dict):
+        raise Failure(f"--args must be a JSON object of keyword arguments, not {type(args).__name__}: {args_json}")
+    try:
+        if app_spec is not None:
+            if queue is not None or max_attempts is not None:
+                given = "--queue" if queue is not None else "--max-attempts"
+                raise Failure(f"{given} comes from the app's declaration of {kind!r} when --app is given; drop it")
+            job_kind = load_app(app_spec).kind(kind)
+        else:
+            job_kind = _undeclared_kind(kind, queue, max_attempts)
+        opts = EnqueueOptions(delay=delay, priority=priority)
+        store = open_backend(backend)
+
+        async def insert() -> int:
+            await store.open()
+            try:
+                new = job_kind.new_job(args, opts, store.now())
+                [(job_id, _existing)] = await store.insert_many([new])
+                return job_id
+            finally:
+                await store.close()
+
+        job_id = run_trio(insert)
+    except (ConfigError, ArgsError, UnknownJob) as exc:
+        raise Failure(redact(str(exc), backend)) from None
+    except NurseryJobsError as exc:
+        raise RunFailure(redact(str(exc), backend)) from None
+    click.echo(job_id)
+    return 0
+
+
+def _undeclared_kind(name: str, queue: str | None, max_attempts: int | None) -> JobKind[Any, Any]:
+    """A kind known only by name: an app declaring just it, on `queue`, taking any arguments,
+    so the name, queue and attempts are checked by the app's own rules."""
+    from ..app import App
+    from ..config import DEFAULT_QUEUE
+
+    app = App()
+    on = DEFAULT_QUEUE if queue is None else queue
+    if on != DEFAULT_QUEUE:
+        app.queue(on, max_workers=1)
+    return app.job(queue=on, name=name, max_attempts=25 if max_attempts is None else max_attempts)(_any_args)
+
+
+async def _any_args(ctx: JobContext, **args: Any) -> None:
+    """Never runs: the worker runs the kind its own app declares."""
 
 
 @cli.command(context_settings=_CONTEXT)
