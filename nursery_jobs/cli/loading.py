@@ -48,7 +48,7 @@ def load_app(spec: str) -> App:
             hint = f"; the App objects in it: {', '.join(apps)}" if apps else "; it defines no nursery_jobs.App"
             raise Failure(f"module {module.__name__!r} has no attribute {attr!r}{hint}") from None
     if not isinstance(found, App):
-        raise Failure(f"{module_name}:{attr} is a {type(found).__name__}, not an nursery_jobs.App")
+        raise Failure(f"{module_name}:{attr} is not an nursery_jobs.App (its type is {type(found).__name__})")
     return found
 
 
