@@ -30,6 +30,12 @@ job code honours cancellation (a job that
 shields itself forever cannot be killed in Trio; the runtime names it in a warning instead).
 If the body is left by a cancellation from outside (or Ctrl-C), there is no grace: step 2 is
 skipped. `skip_grace()` (the second signal in `run`) ends step 2 early.
+
+`run` puts one step before these: at the first signal it sets `shutdown_requested`; with
+`main_grace` it lets `main` return on its own for that long (the runtime keeps serving it:
+enqueues accepted, jobs claimed, receipts delivered, so a server's requests in flight get their
+answers) before cancelling it; without, it cancels `main` and does step 1 at once. The sequence
+above starts when `main` is done.
 """
 
 from __future__ import annotations
@@ -73,7 +79,8 @@ T = TypeVar("T")
 
 class Runtime(Client):
     """The live handle `open_runtime` yields: a `Client` (enqueue, get_job, wait, cancel,
-    stats) and the runtime's lifecycle (`begin_shutdown`, `skip_grace`, `interrupted`). Its
+    stats) and the runtime's lifecycle (`shutdown_requested`, `begin_shutdown`, `skip_grace`,
+    `interrupted`). Its
     methods are safe to call from any task of the service; each is a Trio checkpoint and each
     wait in it is bounded."""
 
@@ -124,6 +131,10 @@ class Runtime(Client):
                 ),
             ]
         )
+        self.shutdown_requested = trio.Event()
+        """Set when the service is asked to stop: at `nj.run`'s first signal and by
+        `begin_shutdown` (so also when the runtime's shutdown begins). A server in `main` waits
+        on it to stop accepting and drain (``shutdown_trigger=rt.shutdown_requested.wait``)."""
         self.interrupted: list[int] = []
         """Ids of the attempts the last shutdown interrupted (available again, attempt given back)."""
         self._grace_scope: trio.CancelScope | None = None
@@ -160,7 +171,9 @@ class Runtime(Client):
 
     def begin_shutdown(self) -> None:
         """Start the shutdown now: refuse enqueues and stop claiming, while the service's own
-        code (main) is still winding down. Leaving `open_runtime` does the rest."""
+        code (main) is still winding down; sets `shutdown_requested`. Leaving `open_runtime`
+        does the rest."""
+        self.shutdown_requested.set()
         self.closing = True
         for executor in self.executors.values():
             executor.stop_claiming()
@@ -355,48 +368,101 @@ def run(
     grace: float | None = None,
     queues: Sequence[str] | None = None,
     settings: RuntimeSettings | None = None,
+    main_grace: float | None = None,
 ) -> T | None:
     """Hand the runtime the whole life of a service: start Trio, open the runtime, run
     ``await main(rt)``, shut down, and return main's value.
 
-    SIGINT and SIGTERM start the graceful shutdown (main is cancelled, then running jobs get
-    `grace` seconds); a second signal skips what is left of the grace. After a signal, `run`
-    returns None, so a script that ends with it exits 0.
+    SIGINT and SIGTERM start the graceful shutdown; a second signal skips what is left of every
+    grace. `main_grace` says what the first signal does to `main`:
+
+    - None (the default): `main` is cancelled at once, and the runtime stops claiming and
+      refuses enqueues at once;
+    - a number of seconds: `main` is not cancelled. `rt.shutdown_requested` is set and `main`
+      has that long to return on its own (a server started with
+      ``shutdown_trigger=rt.shutdown_requested.wait`` stops accepting, finishes its requests
+      and returns); only then is it cancelled. Until `main` has returned the runtime serves it
+      as before (enqueues are accepted, jobs run and receipts arrive), so a request in flight
+      gets its answer.
+
+    Either way, once `main` has returned the runtime's own shutdown follows, with its `grace`
+    for running jobs. After a signal, `run` returns None, so a script that ends with it exits
+    0. Raises ConfigError for a bad argument.
     """
-
-    async def root() -> T | None:
-        result: T | None = None
-        async with open_owner("nursery_jobs.run") as owner:
-            main_scope = trio.CancelScope()
-            rt_box: list[Runtime] = []
-
-            def first() -> None:
-                main_scope.cancel()
-                if rt_box:
-                    rt_box[0].begin_shutdown()  # stop claiming at once, not after main unwinds
-
-            def second() -> None:
-                main_scope.cancel()
-                if rt_box:
-                    rt_box[0].skip_grace()
-
-            await owner.start(watch_shutdown_signals, first, second, name="signals")
-            try:
-                async with open_runtime(app, backend=backend, grace=grace, queues=queues, settings=settings) as rt:
-                    rt_box.append(rt)
-                    with main_scope:
-                        result = await main(rt)
-            finally:
-                owner.cancel_scope.cancel()
-        return result
-
+    if main_grace is not None and (
+        isinstance(main_grace, bool)
+        or not isinstance(main_grace, (int, float))
+        or not math.isfinite(main_grace)
+        or main_grace < 0
+    ):
+        raise ConfigError(f"main_grace must be None or a finite number of seconds >= 0, not {main_grace!r}")
     try:
-        return run_trio(root)
+        return run_trio(_serve, main, app, backend, grace, queues, settings, main_grace)
     except BaseExceptionGroup as group:
         leaf = _single_leaf(group)
         if leaf is None:
             raise
         raise leaf from None  # one error, nested only by the runtime's own scopes: show it plain
+
+
+async def _serve(
+    main: Callable[[Runtime], Awaitable[T]],
+    app: App,
+    backend: str | Backend,
+    grace: float | None,
+    queues: Sequence[str] | None,
+    settings: RuntimeSettings | None,
+    main_grace: float | None,
+) -> T | None:
+    """`run`'s body inside Trio (apart so that tests can run it under a MockClock)."""
+    result: T | None = None
+    signals = 0
+    main_scope = trio.CancelScope()
+    rt_box: list[Runtime] = []
+
+    def on_signal() -> None:
+        # Called for each signal, and once more when the runtime exists (a signal may arrive
+        # while it starts).
+        if signals == 0:
+            return
+        rt = rt_box[0] if rt_box else None
+        if signals >= 2 or main_grace is None:
+            main_scope.cancel()
+            if rt is not None:
+                rt.begin_shutdown()  # stop claiming at once, not after main unwinds
+                if signals >= 2:
+                    rt.skip_grace()
+            return
+        if rt is not None:
+            rt.shutdown_requested.set()
+
+    def first() -> None:
+        nonlocal signals
+        signals = 1
+        if main_grace is not None:
+            main_scope.deadline = min(main_scope.deadline, trio.current_time() + main_grace)
+        on_signal()
+
+    def second() -> None:
+        nonlocal signals
+        signals += 1
+        on_signal()
+
+    async with open_owner("nursery_jobs.run") as owner:
+        await owner.start(watch_shutdown_signals, first, second, name="signals")
+        try:
+            async with open_runtime(app, backend=backend, grace=grace, queues=queues, settings=settings) as rt:
+                rt_box.append(rt)
+                on_signal()
+                with main_scope:
+                    result = await main(rt)
+                if main_scope.cancelled_caught and signals == 1 and main_grace is not None:
+                    log.warning(
+                        "main did not return within main_grace (%g s) after the signal: cancelled it", main_grace
+                    )
+        finally:
+            owner.cancel_scope.cancel()
+    return None if signals else result
 
 
 def _single_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
