@@ -458,7 +458,9 @@ async def _serve(
                     result = await main(rt)
                 if main_scope.cancelled_caught and signals == 1 and main_grace is not None:
                     log.warning(
-                        "main did not return within main_grace (%g s) after the signal: cancelled it", main_grace
+                        "main did not return within main_grace (%g s) after the signal: cancelled it",
+                        main_grace,
+                        extra={"event": "main_grace_over", "main_grace": main_grace},
                     )
         finally:
             owner.cancel_scope.cancel()

@@ -151,9 +151,8 @@ def worker(app_spec: str, backend: str, queues: str | None, grace: float | None,
             ", ".join(worked) or "none",
             extra={"event": "worker_started", "app": app_spec, "backend": rt.backend.url, "queues": worked, "pid": os.getpid()},
         )
-        # The worker has nothing to do but let the queues run: nj.run cancels this at the first
-        # signal, which is the bound of this wait.
-        await _sleep_until_signal()
+        # The worker has nothing to do but let the queues run, until the first signal.
+        await rt.shutdown_requested.wait()
 
     try:
         run_runtime(serve, app=app, backend=backend, grace=grace, queues=names)
@@ -169,12 +168,6 @@ def worker(app_spec: str, backend: str, queues: str | None, grace: float | None,
         extra={"event": "worker_stopped", "app": app_spec, "pid": os.getpid(), "interrupted": interrupted},
     )
     return 0
-
-
-async def _sleep_until_signal() -> None:
-    import trio
-
-    await trio.sleep_forever()
 
 
 def _queue_names(given: str | None, declared: list[str]) -> list[str] | None:
