@@ -253,7 +253,8 @@ def enqueue(
     except ValueError as exc:
         raise Failure(f"--args is not valid JSON ({exc}); give an object such as '{{\"user_id\": 42}}'") from None
     if not isinstance(args, dict):
-        raise Failure(f"--args must be a JSON object of keyword arguments, not {type(args).__name__}: {args_json}")
+        shown = args_json if len(args_json) <= 80 else args_json[:77] + "..."
+        raise Failure(f"--args must be a JSON object of keyword arguments, not {type(args).__name__}: {shown}")
     try:
         if app_spec is not None:
             if queue is not None or max_attempts is not None:
