@@ -84,7 +84,7 @@ def _backend_option(what: str) -> Callable[[F], F]:
         show_envvar=True,
         required=True,
         metavar="URL",
-        help=f"{what}: sqlite:///path/jobs.db, postgresql://user@host/db?schema=jobs, or memory://.",
+        help=f"{what}: sqlite:///path/jobs.db or postgresql://user@host/db?schema=jobs.",
     )
 
 
@@ -265,6 +265,11 @@ def enqueue(
             job_kind = _undeclared_kind(kind, queue, max_attempts)
         opts = EnqueueOptions(delay=delay, priority=priority)
         store = open_backend(backend)
+        if backend.partition("://")[0] == "memory":
+            raise Failure(
+                "memory:// keeps jobs inside one process, so a job enqueued here would vanish when this "
+                "command exits; give the workers' backend (sqlite:///... or postgresql://...)"
+            )
 
         async def insert() -> int:
             await store.open()

@@ -179,6 +179,7 @@ def test_enqueue_reads_the_app_and_backend_from_the_environment(
         (["record", "--max-attempts", "0"], 2, "max_attempts must be an int >= 1"),
         (["record", "--args", '{"n": 1e999}'], 2, "not JSON-serialisable"),
         (["record", "--backend", f"postgresql://svc:{SECRET}@127.0.0.1:1/app"], 1, "cannot connect to PostgreSQL"),
+        (["record", "--backend", "memory://"], 2, "memory:// keeps jobs inside one process"),
     ],
 )
 def test_enqueue_errors_are_one_line(
