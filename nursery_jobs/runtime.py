@@ -6,8 +6,9 @@ backend's events to them, and owns the order in which they start and stop. Nothi
 takes the whole runtime.
 
 Start order (each step only once the previous one is ready): validate the app and settings ->
-open the backend -> subscribe to its events -> the backend's own service (LISTEN) -> completer
--> heartbeats, cancel hints, rescuer, retention -> one executor per queue -> user code.
+open the backend -> subscribe to its events -> the app's resources, in declaration order -> the
+backend's own service (LISTEN) -> completer -> heartbeats, cancel hints, rescuer, retention ->
+one executor per queue -> user code.
 
 Shutdown reverses it, and every step is bounded:
 
@@ -21,8 +22,9 @@ Shutdown reverses it, and every step is bounded:
    completer, which writes every outcome still pending -- if the backend does not take them in
    time, the completer is abandoned and the unwritten job ids are logged (on a durable backend
    those jobs stay running and are rescued);
-6. within a last `flush_bound`: write what torn-down tasks gave back, unsubscribe, and close the
-   backend if the runtime opened it.
+6. once every task has ended, close the resources in reverse order (each within
+   `resource_bound`, see `execution/resources.py`); then within a last `flush_bound`: write
+   what torn-down tasks gave back, unsubscribe, and close the backend if the runtime opened it.
 
 The sequence runs shielded from outside cancellation but inside its own bounds, so `open_runtime`
 exits within `grace + 3 * flush_bound` -- even when the backend stops answering -- as long as
@@ -45,12 +47,12 @@ import math
 import random
 from collections import abc
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 import attrs
 import trio
 
-from ._context import culprit_of, current_enqueuer
+from ._context import culprit_of, current_enqueuer, current_resources
 from .app import App
 from .backends import Backend, BackendEvent, CancelRequested, ClaimedJob, JobFinalized, JobsAvailable, open_backend
 from .client import Client, QueueStats
@@ -60,6 +62,7 @@ from .errors import ConfigError
 from .execution.attempt import AttemptRegistry, KindRunner
 from .execution.completer import Completer
 from .execution.executor import QueueExecutor
+from .execution.resources import check_replacements, open_resources
 from .infra.owner import open_owner
 from .infra.runner import run_trio, watch_shutdown_signals
 from .infra.threads import ThreadBudget, current_budget
@@ -282,6 +285,7 @@ async def open_runtime(
     grace: float | None = None,
     queues: Sequence[str] | None = None,
     settings: RuntimeSettings | None = None,
+    resources: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[Runtime]:
     """Run `app`'s queues for the duration of the block and yield the live `Runtime`.
 
@@ -291,8 +295,13 @@ async def open_runtime(
     (default: `settings.grace`, 20 s).
     `queues`: the queues this runtime works (default: all of the app's; ``[]`` makes an
     enqueue-only runtime). `settings`: the other tuning constants (see `RuntimeSettings`).
+    `resources`: values that replace declared resources by name (a test's fakes); a replaced
+    resource is neither opened nor closed here.
 
-    Raises ConfigError for a bad argument. A crash in a runtime service cancels the whole tree
+    The app's resources open before any queue starts and close after every task has ended (an
+    enqueue-only runtime, ``queues=[]``, opens none).
+    Raises ConfigError for a bad argument, ResourceError for a resource that did not open (no
+    job was claimed) or, at the end, for one that did not close. A crash in a runtime service cancels the whole tree
     and propagates from here (as an ExceptionGroup holding the original error).
     """
     if not isinstance(app, App):
@@ -309,6 +318,9 @@ async def open_runtime(
     unknown = [q for q in names if q not in app.queues]
     if unknown:
         raise ConfigError(f"queues {unknown} are not declared in the app (declared: {sorted(app.queues)})")
+    # An enqueue-only runtime runs no job, so it opens no resource.
+    declared = app.resources if names else {}
+    replaced = check_replacements(app.resources, resources)
     owns_backend = isinstance(backend, str)
     be: Backend = open_backend(backend) if isinstance(backend, str) else backend
     be.check_budget(sum(app.queues[q].max_workers for q in names))
@@ -327,6 +339,10 @@ async def open_runtime(
                     from .infra.aio import maybe_open_loop
 
                     await stack.enter_async_context(maybe_open_loop(True))
+                # Entered before the owner, so closed only once every task in it has ended.
+                opened = await stack.enter_async_context(open_resources(declared, replaced, settings.resource_bound))
+                resources_token = current_resources.set(opened)
+                stack.callback(current_resources.reset, resources_token)
                 owner = await stack.enter_async_context(open_owner("nursery_jobs.runtime"))
                 await rt.backend_service.start(owner)
                 await owner.start(rt.completer.run, name="completer")

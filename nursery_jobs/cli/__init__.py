@@ -119,7 +119,7 @@ def _backend_option(what: str) -> Callable[[F], F]:
     help="text: one readable line per record; json: one JSON object per line, with every field.",
 )
 def worker(app_spec: str, backend: str, queues: str | None, grace: float | None, log_level: str, log_format: str) -> int:
-    """Run the app's queues until SIGINT or SIGTERM.
+    """Run the app's queues, with its resources open, until SIGINT or SIGTERM.
 
     MODULE:APP names the nursery_jobs.App: a dotted module name (looked up in the current
     directory, then the installed packages) or a path to a .py file, then the App's attribute

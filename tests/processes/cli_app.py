@@ -36,3 +36,13 @@ async def leaky(ctx: nj.JobContext) -> None:
 
 
 not_an_app = 42
+
+
+broken = nj.App()
+"""An app whose resource cannot open: the worker must say so in one line and claim nothing."""
+
+
+@broken.resource
+async def mailer():
+    raise ConnectionRefusedError("smtp.internal:25 refused the connection")
+    yield  # an async generator, as @app.resource requires

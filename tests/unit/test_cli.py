@@ -120,6 +120,13 @@ def test_a_bad_option_or_backend_is_one_line(capsys: pytest.CaptureFixture[str],
     assert says in one_line(err, "worker")
 
 
+def test_a_resource_that_cannot_open_is_one_line_naming_it(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, err = run(capsys, "worker", "tests/processes/cli_app.py:broken", "--backend", f"sqlite:///{tmp_path / 'j.db'}")
+    assert code == 1 and out == ""
+    line = one_line(err, "worker")
+    assert "'mailer'" in line and "smtp.internal:25 refused the connection" in line, line
+
+
 def test_the_backend_is_required_and_read_from_the_environment(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from typing import AsyncIterator
 
 import pytest
 import trio
@@ -169,3 +170,30 @@ def test_main_grace_must_be_a_finite_number_of_seconds(bad: object) -> None:
 
     with pytest.raises(nj.ConfigError, match="main_grace must be None or a finite number of seconds >= 0"):
         nj.run(main, app=nj.App(), main_grace=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("main_grace", [None, 5])
+async def test_a_signal_while_the_runtime_starts_is_not_lost(
+    main_grace: float | None, autojump_clock: trio.testing.MockClock
+) -> None:
+    app = _app([])
+    seen: list[tuple[bool, bool, bool]] = []
+
+    @app.resource
+    async def signalling() -> AsyncIterator[None]:
+        _signal()  # arrives while the runtime opens its resources, before main exists
+        await trio.sleep(1)
+        yield
+
+    async def main(rt: nj.Runtime) -> None:
+        cancelled = True
+        try:
+            await trio.sleep(0)
+            cancelled = False
+        finally:
+            seen.append((rt.shutdown_requested.is_set(), rt.closing, cancelled))
+
+    await _serve(main, app, "memory://", None, None, None, main_grace)
+    # Without main_grace, main is cancelled at its first checkpoint and the runtime is closing;
+    # with it, main runs, told by shutdown_requested, and enqueues are still accepted.
+    assert seen == [(True, True, True)] if main_grace is None else [(True, False, False)]
