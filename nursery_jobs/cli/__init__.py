@@ -3,7 +3,7 @@
     nursery-jobs worker MODULE:APP [--backend URL] [--queues a,b] [--grace S]
                         [--log-level L] [--log-format text|json]
     nursery-jobs enqueue KIND [--args JSON] [--app MODULE:APP] [--backend URL] [--delay S]
-                         [--priority N] [--queue Q] [--max-attempts N]
+                         [--priority N] [--unique-key K] [--queue Q] [--max-attempts N]
     nursery-jobs migrate --database-url postgresql://user@host/db [--schema nursery_jobs]
 
 Built on click. The command grew from one sub-command to several that share options (the
@@ -210,6 +210,12 @@ def _queue_names(given: str | None, declared: list[str]) -> list[str] | None:
 @click.option("--delay", type=float, default=None, metavar="SECONDS", help="Run it this many seconds from now.")
 @click.option("--priority", type=int, default=None, metavar="N", help="Higher runs first (default: the kind's, else 0).")
 @click.option(
+    "--unique-key",
+    default=None,
+    metavar="KEY",
+    help="While a job with this key is not final, print its id and add nothing (safe to run from cron).",
+)
+@click.option(
     "--queue",
     default=None,
     metavar="NAME",
@@ -230,6 +236,7 @@ def enqueue(
     backend: str,
     delay: float | None,
     priority: int | None,
+    unique_key: str | None,
     queue: str | None,
     max_attempts: int | None,
 ) -> int:
@@ -263,7 +270,7 @@ def enqueue(
             job_kind = load_app(app_spec).kind(kind)
         else:
             job_kind = _undeclared_kind(kind, queue, max_attempts)
-        opts = EnqueueOptions(delay=delay, priority=priority)
+        opts = EnqueueOptions(delay=delay, priority=priority, unique_key=unique_key)
         store = open_backend(backend)
         if backend.partition("://")[0] == "memory":
             raise Failure(
@@ -271,21 +278,24 @@ def enqueue(
                 "command exits; give the workers' backend (sqlite:///... or postgresql://...)"
             )
 
-        async def insert() -> int:
+        async def insert() -> tuple[int, bool, str | None]:
             await store.open()
             try:
                 new = job_kind.new_job(args, opts, store.now())
-                [(job_id, _existing)] = await store.insert_many([new])
-                return job_id
+                [(job_id, existing)] = await store.insert_many([new])
+                return job_id, existing, new.unique_key
             finally:
                 await store.close()
 
-        job_id = run_trio(insert)
+        job_id, existing, key = run_trio(insert)
     except (ConfigError, ArgsError, UnknownJob) as exc:
         raise Failure(redact(str(exc), backend)) from None
     except NurseryJobsError as exc:
         raise RunFailure(redact(str(exc), backend)) from None
     click.echo(job_id)
+    if existing:
+        # The kind's own `unique` function may have made the key: name the one the job holds.
+        click.echo(f"nursery-jobs enqueue: job {job_id} holds unique key {key!r} and is not final; nothing was added", err=True)
     return 0
 
 

@@ -58,7 +58,7 @@ def one_line(err: str, command: str) -> str:
         ([], ["worker", "enqueue", "migrate", "NURSERY_JOBS_BACKEND"]),
         (["worker"], ["MODULE:APP", "--backend URL", "--queues A,B", "--grace SECONDS", "--log-level", "--log-format",
                       "SIGTERM", "exits 0", "env var: NURSERY_JOBS_BACKEND", "examples/service_jobs.py:app"]),
-        (["enqueue"], ["KIND", "--args JSON", "--app MODULE:APP", "--delay SECONDS", "--priority N", "--queue NAME",
+        (["enqueue"], ["KIND", "--args JSON", "--app MODULE:APP", "--delay SECONDS", "--priority N", "--queue NAME", "--unique-key KEY",
                        "print its id", "env var: NURSERY_JOBS_APP"]),
         (["migrate"], ["--database-url URL", "--schema NAME", "env var: NURSERY_JOBS_BACKEND"]),
     ],
@@ -161,6 +161,16 @@ def test_enqueue_prints_the_id_and_takes_the_kind_from_the_app(tmp_path: Path, c
         ("tidy", "other", {}, 0, 3, "available"),
         ("tidy", "default", {}, 0, 25, "scheduled"),
     ]
+
+
+def test_enqueue_with_a_unique_key_adds_one_job_while_it_is_pending(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    argv = ["enqueue", "tidy", "--backend", url, "--unique-key", "nightly", "--delay", "3600"]
+    assert run(capsys, *argv) == (0, "1\n", "")
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (0, "1\n")
+    assert one_line(err, "enqueue") == "job 1 holds unique key 'nightly' and is not final; nothing was added"
+    assert len(_rows(tmp_path / "jobs.db")) == 1
 
 
 def test_enqueue_reads_the_app_and_backend_from_the_environment(
