@@ -479,7 +479,12 @@ class PostgresBackend:
                         if retry or isinstance(exc, ConnectFailed)
                         else f"PostgreSQL connection lost during a write whose outcome is unknown ({self._describe(exc)})"
                     ) from exc
-                log.warning("PostgreSQL call failed (%s); retrying in %.2f s", self._describe(exc), delay)
+                log.warning(
+                    "PostgreSQL call failed (%s); retrying in %.2f s",
+                    self._describe(exc),
+                    delay,
+                    extra={"event": "backend_retry", "backend": self.url, "retry_in": delay},
+                )
                 await trio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
@@ -853,7 +858,10 @@ class PostgresBackend:
             fixed = json.dumps(entries)
             await self._run(lambda c: _exec(c, self._q["repair_errors"], (fixed, job_id, row[12])))
             log.warning(
-                "PostgreSQL job %d: %s; replaced by a note", job_id, "; ".join(d.describe() for d in damage)
+                "PostgreSQL job %d: %s; replaced by a note",
+                job_id,
+                "; ".join(d.describe() for d in damage),
+                extra={"event": "row_repaired", "job_id": job_id, "backend": self.url},
             )
             if not job.state.final:  # the repair held the row: a claim meanwhile skipped it
                 self._emit([JobsAvailable(job.queue)])

@@ -410,7 +410,13 @@ class SqliteBackend:
                         f"SQLite database {self.path!r} unavailable: {what} ({exc}); check for long "
                         "transactions, a backup in progress, or the disk"
                     ) from exc
-                log.warning("SQLite database %r is locked (%s); retrying in %.2f s", self.path, exc, delay)
+                log.warning(
+                    "SQLite database %r is locked (%s); retrying in %.2f s",
+                    self.path,
+                    exc,
+                    delay,
+                    extra={"event": "backend_retry", "backend": self.url, "retry_in": delay},
+                )
                 await trio.sleep(delay)
                 delay = min(delay * 2, 2.0)
             except sqlite3.DatabaseError as exc:
@@ -697,6 +703,7 @@ class SqliteBackend:
             self.path,
             job_id,
             "; ".join(d.describe() for d in damage),
+            extra={"event": "row_set_aside", "job_id": job_id, "backend": self.url},
         )
         return JobFinalized(job_id, JobState.DISCARDED, message)
 
@@ -920,7 +927,13 @@ class SqliteBackend:
                 entries, found = read_errors(raw)
                 if found is not None:
                     conn.execute("UPDATE nj_jobs SET errors = ? WHERE id = ?", (json.dumps(entries), job_id))
-                    log.warning("SQLite %r: job %d: %s; replaced by a note", self.path, job_id, found.describe())
+                    log.warning(
+                        "SQLite %r: job %d: %s; replaced by a note",
+                        self.path,
+                        job_id,
+                        found.describe(),
+                        extra={"event": "row_repaired", "job_id": job_id, "backend": self.url},
+                    )
             return []
 
         self._emit(await self._call(self._tx, body))
