@@ -148,7 +148,11 @@ class Scheduler:
             try:
                 return dict(await self._store.schedule_states(names))
             except Exception:
-                log.exception("periodic: reading the schedules' last ticks failed; retrying in %g s", delay)
+                log.exception(
+                    "periodic: reading the schedules' last ticks failed; retrying in %g s",
+                    delay,
+                    extra={"event": "periodic_read_failed", "schedules": names, "retry_in": delay},
+                )
             await trio.sleep(delay)
             delay = min(delay * 2, MAX_SLEEP)
 
@@ -168,12 +172,19 @@ class Scheduler:
                 _iso(tick, s),
                 s.name,
                 slot.delay,
+                extra={"event": "periodic_tick_failed", "schedule": s.name, "tick": tick, "retry_in": slot.delay},
             )
             slot.delay = min(slot.delay * 2, MAX_SLEEP)
             return
         slot.retry_at, slot.delay = None, RETRY_DELAY
         if result is not None:
-            log.info("periodic: schedule %r tick %s enqueued job %d", s.name, _iso(tick, s), result.id)
+            log.info(
+                "periodic: schedule %r tick %s enqueued job %d",
+                s.name,
+                _iso(tick, s),
+                result.id,
+                extra={"event": "periodic_tick", "schedule": s.name, "tick": tick, "job_id": result.id},
+            )
         slot.next_tick = s.cron.next_after(max(tick, now))
 
     async def _start_job(self, s: Schedule) -> InsertResult | None:
@@ -184,7 +195,11 @@ class Scheduler:
         try:
             (result,) = await self._store.insert_many([job])
         except Exception:
-            log.exception("periodic: the run_at_start job of schedule %r failed to enqueue", s.name)
+            log.exception(
+                "periodic: the run_at_start job of schedule %r failed to enqueue",
+                s.name,
+                extra={"event": "periodic_start_failed", "schedule": s.name},
+            )
             return None
         return result
 
