@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections import abc
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, Mapping, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, Mapping, ParamSpec, Protocol, TypeVar, cast, overload
 
 import attrs
 
@@ -238,6 +238,17 @@ class BoundEnqueue:
 MISSED = ("skip", "run_once")
 
 
+class PeriodicDecorator(Protocol):
+    """What `App.periodic` returns: applied to a `JobKind` (stacked above `@app.job`) or to an
+    ``async def`` (registered as a job first), it returns the kind, typed as the handler."""
+
+    @overload
+    def __call__(self, target: JobKind[P, R]) -> JobKind[P, R]: ...
+
+    @overload
+    def __call__(self, target: Callable[P, Awaitable[R]]) -> JobKind[P, R]: ...
+
+
 @attrs.frozen(eq=False)
 class Periodic:
     """A periodic schedule of a job kind, made by `App.periodic`: at each tick of `cron` one
@@ -426,7 +437,7 @@ class App:
             self._kinds[kind_name] = kind
             return kind
 
-        return register
+        return cast(PeriodicDecorator, register)
 
     def kind(self, name: str) -> JobKind[Any, Any]:
         try:
@@ -450,7 +461,7 @@ class App:
         run_at_start: bool = False,
         name: str | None = None,
         args: Mapping[str, Any] | None = None,
-    ) -> Callable[[Any], Any]:
+    ) -> PeriodicDecorator:
         """Enqueue a job of a kind on a schedule, from every process, with no leader: stacked
         above `@app.job` (or on an `async def`, which it then registers as a job on `queue`)::
 
