@@ -132,6 +132,7 @@ class MemoryBackend:
         self._running: set[int] = set()
         self._next_id = 1
         self._schedules: dict[str, ScheduleState] = {}
+        self._locks: dict[str, tuple[str, float]] = {}
         self._unix_offset: float | None = None
 
     def __repr__(self) -> str:
@@ -149,6 +150,29 @@ class MemoryBackend:
 
     async def schedule_states(self, names: Sequence[str]) -> Mapping[str, ScheduleState]:
         return {name: self._schedules[name] for name in names if name in self._schedules}
+
+    # -- LockStore --
+
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        now = self.now()
+        held = self._locks.get(name)
+        if held is not None and held[0] != owner and held[1] > now:
+            return False
+        self._locks[name] = (owner, now + ttl)
+        return True
+
+    async def renew_lock(self, name: str, owner: str, ttl: float) -> bool:
+        now = self.now()
+        held = self._locks.get(name)
+        if held is None or held[0] != owner or held[1] <= now:
+            return False
+        self._locks[name] = (owner, now + ttl)
+        return True
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        held = self._locks.get(name)
+        if held is not None and held[0] == owner:
+            del self._locks[name]
 
     async def enqueue_tick(self, name: str, tick: float, job: NewJob) -> InsertResult | None:
         state = self._schedules.get(name)

@@ -892,6 +892,22 @@ class PostgresBackend:
         rows = await self._run(lambda c: _all(c, q, (list(names),)))
         return {name: ScheduleState(float(tick), job_id) for name, tick, job_id in rows}
 
+    # -- LockStore --
+
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        now = self.now()
+        q = self._q["acquire_lock"]
+        return await self._run(lambda c: _one(c, q, (name, owner, now + ttl, now)), retry=False) is not None
+
+    async def renew_lock(self, name: str, owner: str, ttl: float) -> bool:
+        now = self.now()
+        q = self._q["renew_lock"]
+        return await self._run(lambda c: _one(c, q, (now + ttl, name, owner, now))) is not None
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        q = self._q["release_lock"]
+        await self._run(lambda c: _exec(c, q, (name, owner)))
+
     async def enqueue_tick(self, name: str, tick: float, job: NewJob) -> InsertResult | None:
         now = self.now()
         run_at = now if job.run_at is None or job.run_at < now else job.run_at
@@ -1331,6 +1347,16 @@ _QUERIES: dict[str, sql.SQL] = {
         " SET last_tick = EXCLUDED.last_tick, last_job_id = NULL WHERE sch.last_tick < EXCLUDED.last_tick"
         " RETURNING name"
     ),
+    # Locks (migration 0008): a row per held lock, taken when free, expired or already ours.
+    "acquire_lock": sql.SQL(
+        "INSERT INTO {s}.locks AS l (name, owner, expires_at) VALUES (%s, %s, %s) ON CONFLICT (name) DO UPDATE"
+        " SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at"
+        " WHERE l.owner = EXCLUDED.owner OR l.expires_at <= %s RETURNING name"
+    ),
+    "renew_lock": sql.SQL(
+        "UPDATE {s}.locks SET expires_at = %s WHERE name = %s AND owner = %s AND expires_at > %s RETURNING name"
+    ),
+    "release_lock": sql.SQL("DELETE FROM {s}.locks WHERE name = %s AND owner = %s"),
     "tick_job": sql.SQL("UPDATE {s}.schedules SET last_job_id = %s WHERE name = %s"),
     "schedule_states": sql.SQL("SELECT name, last_tick, last_job_id FROM {s}.schedules WHERE name = ANY(%s)"),
     "find_unique": sql.SQL(

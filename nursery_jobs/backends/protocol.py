@@ -18,6 +18,7 @@ Capabilities:
 - `TransactionalEnqueue`: enqueue inside a database transaction, the backend's own
   (`transaction`) or the caller's, on the caller's own connection (SQLite, PostgreSQL; memory
   has a transaction of its own).
+- `LockStore`: named locks with an owner token and an expiry (`rt.lock`, `rt.try_lock`).
 - `ScheduleStore`: periodic schedules' last ticks, and a tick's job enqueued exactly once
   across processes (a conditional update of the schedule's row, in the insert's transaction).
 - Coming capabilities (per-key leases, locks, the outbox, admin queries for the CLI and the
@@ -59,6 +60,7 @@ __all__ = [
     "Outcome",
     "OutcomeKind",
     "QueueCounts",
+    "LockStore",
     "ScheduleState",
     "ScheduleStore",
     "TransactionalEnqueue",
@@ -367,4 +369,26 @@ class ScheduleStore(Protocol):
         Otherwise change nothing and return None. So of any number of calls for one tick, from
         any process, exactly one returns a result, and a schedule's ticks only move forward.
         Cancel-atomic like `insert_many`; not retried on a lost connection."""
+        ...
+
+
+@runtime_checkable
+class LockStore(Protocol):
+    """Named locks: a row per held lock with its owner's token and an expiry on the backend's
+    clock (`now()`), so a crashed holder's lock frees itself after its ttl, whatever happened to
+    its connections. Every method is one short statement; none waits for a lock to be free."""
+
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        """Hold `name` for `owner` until ``now() + ttl`` if it is free, expired, or `owner`'s
+        already (then extended); True if `owner` holds it now. Of concurrent calls (any process)
+        for a free lock, exactly one returns True."""
+        ...
+
+    async def renew_lock(self, name: str, owner: str, ttl: float) -> bool:
+        """Extend `owner`'s hold on `name` to ``now() + ttl`` if `owner` holds it and it has not
+        expired; False otherwise (the hold is lost: it expired, and may be another's)."""
+        ...
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        """Free `name` if `owner` holds it (expired or not); nothing otherwise. Idempotent."""
         ...

@@ -118,6 +118,8 @@ CREATE UNIQUE INDEX IF NOT EXISTS nj_jobs_unique ON nj_jobs (unique_key)
     WHERE unique_key IS NOT NULL AND state NOT IN ('completed', 'discarded', 'cancelled');
 -- Periodic schedules: each one's last enqueued tick (Unix time) and that tick's job.
 CREATE TABLE IF NOT EXISTS nj_schedules (name TEXT PRIMARY KEY, last_tick REAL NOT NULL, last_job_id INTEGER);
+-- Named locks (rt.lock): the holder's token and its expiry on the backend's clock.
+CREATE TABLE IF NOT EXISTS nj_locks (name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_at REAL NOT NULL);
 """
 
 _PENDING = "('available', 'scheduled', 'retryable')"
@@ -984,6 +986,44 @@ class SqliteBackend:
                     job_id if isinstance(job_id, int) else None,
                 )
         return out
+
+    # -- LockStore --
+
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        now = self.now()
+
+        def body(conn: sqlite3.Connection) -> bool:
+            # An expiry that is not a number (written by someone else) counts as expired.
+            row = conn.execute(
+                "INSERT INTO nj_locks (name, owner, expires_at) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE"
+                " SET owner = excluded.owner, expires_at = excluded.expires_at"
+                " WHERE nj_locks.owner = excluded.owner OR typeof(nj_locks.expires_at) NOT IN ('real', 'integer')"
+                " OR nj_locks.expires_at <= ? RETURNING name",
+                (name, owner, now + ttl, now),
+            ).fetchone()
+            return row is not None
+
+        held: bool = await self._call(self._tx, body)
+        return held
+
+    async def renew_lock(self, name: str, owner: str, ttl: float) -> bool:
+        now = self.now()
+
+        def body(conn: sqlite3.Connection) -> bool:
+            row = conn.execute(
+                "UPDATE nj_locks SET expires_at = ? WHERE name = ? AND owner = ? AND expires_at > ? RETURNING name",
+                (now + ttl, name, owner, now),
+            ).fetchone()
+            return row is not None
+
+        held: bool = await self._call(self._tx, body)
+        return held
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        def body(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM nj_locks WHERE name = ? AND owner = ?", (name, owner))
+
+        await self._call(self._tx, body)
 
     async def enqueue_tick(self, name: str, tick: float, job: NewJob) -> InsertResult | None:
         now = self.now()

@@ -49,7 +49,7 @@ def test_migrate_sets_the_jobs_tables_autovacuum_thresholds_on_a_version_4_schem
         assert _reloptions(conn, schema) == EXPECTED  # a new schema has them
         # back to what version 4 left: no storage parameters
         conn.execute(f'DELETE FROM "{schema}".migrations WHERE version >= 5')
-        conn.execute(f'DROP TABLE "{schema}".schedules')  # back before version 8 too
+        conn.execute(f'DROP TABLE "{schema}".schedules, "{schema}".locks')  # back before version 8 too
         conn.execute(f'ALTER TABLE "{schema}".jobs RESET ({", ".join(EXPECTED)})')
         conn.execute(
             f'CREATE INDEX jobs_due ON "{schema}".jobs (queue, run_at)'
@@ -64,7 +64,7 @@ def test_migrate_sets_the_jobs_tables_autovacuum_thresholds_on_a_version_4_schem
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout == f"schema '{schema}': applied 0005_less_bloat.sql, 0008_schedules.sql\n"
+    assert done.stdout == f"schema '{schema}': applied 0005_less_bloat.sql, 0008_schedules_and_locks.sql\n"
     with psycopg.connect(pg_url, autocommit=True) as conn:
         assert _reloptions(conn, schema) == EXPECTED
         assert schema_version(conn, schema) == 8

@@ -1,4 +1,4 @@
--- nursery_jobs schema, version 8: periodic schedules (@app.periodic).
+-- nursery_jobs schema, version 8: periodic schedules (@app.periodic) and named locks (rt.lock).
 -- (6 and 7 are numbers reserved for other changes.)
 --
 -- One row per schedule name: the last tick enqueued (Unix time, seconds) and that tick's job.
@@ -12,4 +12,15 @@ CREATE TABLE {schema}.schedules (
     name text PRIMARY KEY,
     last_tick double precision NOT NULL,
     last_job_id bigint
+);
+
+-- Named locks (rt.lock, rt.try_lock): the holder's token and its expiry, seconds on the
+-- backend's clock. A row, not a session advisory lock: an advisory lock belongs to a pooled
+-- connection, so it is held by whichever task uses that connection next, released when the
+-- pool recycles it, and lost without notice when the connection drops; a row with an expiry
+-- frees itself after a crash and can be renewed and checked from any connection.
+CREATE TABLE {schema}.locks (
+    name text PRIMARY KEY,
+    owner text NOT NULL,
+    expires_at double precision NOT NULL
 );
