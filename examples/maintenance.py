@@ -1,4 +1,4 @@
-"""Maintenance work on a schedule: periodic jobs that every process runs, with no leader.
+"""Maintenance work on a schedule: periodic jobs that every process runs, with no leader, and a lock.
 
     .venv/bin/python examples/maintenance.py                               # about 5 s, exits 0
     .venv/bin/python examples/maintenance.py --backend sqlite:///jobs.db   # run it in two shells
@@ -7,9 +7,10 @@ Two schedules on one "maintenance" queue: a short heartbeat every other second (
 something to watch) and a nightly purge at 03:30 Paris time that, after a downtime, runs once for
 the night it missed. Start the script in several shells on one SQLite file or PostgreSQL
 database: each tick is still enqueued once, by whichever process gets there first. At the end
-it prints what `rt.periodic()` knows of each schedule.
+it prints what `rt.periodic()` knows of each schedule, holding a lock that every process shares
+while it reads them.
 
-Docs: docs/periodic.md.
+Docs: docs/periodic.md, docs/locks.md.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ async def purge_old_sessions(ctx: nj.JobContext, older_than_days: int = 30) -> N
 
 async def main(rt: nj.Runtime, seconds: float) -> list[nj.PeriodicInfo]:
     await trio.sleep(seconds)
-    schedules = await rt.periodic()
+    # One report at a time across every process on the store (docs/locks.md).
+    async with rt.lock("maintenance-report", ttl=10, timeout=5):
+        schedules = await rt.periodic()
     for info in schedules:
         last = info.last_tick.isoformat() if info.last_tick else "never"
         outcome = info.last_outcome.value if info.last_outcome else "-"
