@@ -24,9 +24,9 @@ async def test_two_runtimes_on_one_store_hold_a_lock_one_at_a_time(test_backend,
 
         async def hold(rt: nj.Runtime, tag: str) -> None:
             for _ in range(2):
-                async with rt.lock("shared", ttl=3, timeout=60):
+                async with rt.lock("shared", ttl=30, timeout=600):
                     events.append(f"{tag}+")
-                    await trio.sleep(4)  # past its ttl: renewed
+                    await trio.sleep(40)  # past its ttl: renewed
                     events.append(f"{tag}-")
 
         async with trio.open_nursery() as nursery:

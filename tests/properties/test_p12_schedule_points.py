@@ -105,8 +105,9 @@ def check(data: st.DataObject, store: Store = MEMORY) -> None:
 
     async def main() -> None:
         backend = store.build() if store.build is not None else nj.MemoryBackend()
-        await backend.open()
-        clock = lambda: start + trio.current_time()  # noqa: E731
+        await backend.open()  # may take virtual time (a connect retried): the clock starts after it
+        opened_at = trio.current_time()
+        clock = lambda: start + (trio.current_time() - opened_at)  # noqa: E731
         inner = backend.enqueue_tick  # type: ignore[attr-defined]
 
         async def recording(name: str, at: float, job: Any) -> Any:
