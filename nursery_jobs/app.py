@@ -18,7 +18,7 @@ from ._context import get_enqueuer
 from .backends.protocol import NewJob
 from .config import DEFAULT_QUEUE, QueueConfig, RetryPolicy, check_name, check_priority, check_timeout, check_unique_key
 from .errors import ArgsError, ConfigError, UnknownJob
-from .jobs import Resource, Resources, encode_args
+from .jobs import ArgsChecker, Resource, Resources, check_context_param, encode_args
 
 if TYPE_CHECKING:
     from .jobs import JobContext, JobId
@@ -82,6 +82,11 @@ class EnqueueOptions:
 _NO_OPTIONS = EnqueueOptions()
 
 
+def _short(args: Mapping[str, Any]) -> str:
+    text = repr(dict(args))
+    return text if len(text) <= 200 else f"{text[:200]}..."
+
+
 def _signature(kind: JobKind[Any, Any]) -> inspect.Signature:
     return inspect.signature(kind.fn)
 
@@ -109,8 +114,11 @@ class JobKind(Generic[P, R]):
     _keywords: frozenset[str] = attrs.field(init=False, default=frozenset())
     _required: frozenset[str] = attrs.field(init=False, default=frozenset())
     _simple: bool = attrs.field(init=False, default=True)
+    _types: ArgsChecker | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
+        hints = check_context_param(self.fn, self.name)
+        object.__setattr__(self, "_types", ArgsChecker.build(self.fn, self.name, hints))
         params = list(self.signature.parameters.values())[1:]
         plain = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         object.__setattr__(self, "_var_keyword", any(p.kind is p.VAR_KEYWORD for p in params))
@@ -153,7 +161,10 @@ class JobKind(Generic[P, R]):
         try:
             self.signature.bind(None, **args)
         except TypeError as exc:
-            raise ArgsError(f"args {dict(args)!r} do not fit job {self.name!r}{self.signature}: {exc}") from None
+            takes = ", ".join(str(p) for p in list(self.signature.parameters.values())[1:]) or "no arguments"
+            raise ArgsError(
+                f"args {_short(args)} do not fit job {self.name!r}: {exc} (it takes {takes})"
+            ) from None
 
     def _args_json(self, args: Mapping[str, Any]) -> str:
         if type(args) is not dict:
@@ -163,7 +174,10 @@ class JobKind(Generic[P, R]):
                 )
             args = dict(args)
         self.check_args(args)
-        return encode_args(args)
+        text = encode_args(args)  # JSON values first: a tuple is refused as a tuple, whatever the annotation
+        if self._types is not None:
+            self._types.check(args)
+        return text
 
     def new_job(self, args: Mapping[str, Any], opts: EnqueueOptions, now: float) -> NewJob:
         """The job a backend stores for one enqueue of `args` (validated: `ArgsError`)."""
@@ -364,9 +378,6 @@ class App:
                 raise ConfigError(
                     f"job name {kind_name!r} is registered twice; pass name=... to tell them apart"
                 )
-            params = list(inspect.signature(fn).parameters.values())
-            if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
-                raise ConfigError(f"job handler {kind_name!r} must take the JobContext as its first argument")
             kind: JobKind[P, R] = JobKind(
                 fn,
                 name=kind_name,
