@@ -7,6 +7,7 @@ is declared, so a typo fails at import, not at three in the morning.
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import math
 from collections import abc
@@ -44,8 +45,18 @@ def _check_delay(_inst: Any, _attr: Any, value: Any) -> None:
 
 
 def _check_run_at(_inst: Any, _attr: Any, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
-        raise ConfigError(f"run_at must be a finite time on the backend's clock, not {value!r}")
+    if value is None:
+        return
+    if not isinstance(value, datetime.datetime):
+        raise ConfigError(
+            f"run_at must be an aware datetime (wall-clock time), not {value!r}: pass "
+            "datetime.now(timezone.utc) + timedelta(...), or delay= in seconds"
+        )
+    if value.utcoffset() is None:
+        raise ConfigError(
+            f"run_at {value!r} is a naive datetime, which could mean any time zone: pass tzinfo, "
+            "e.g. datetime(2030, 1, 1, 9, 0, tzinfo=timezone.utc) or dt.astimezone()"
+        )
 
 
 def _check_priority(_inst: Any, _attr: Any, value: Any) -> None:
@@ -64,7 +75,7 @@ class EnqueueOptions:
     not once per job. `priority` None: the kind's."""
 
     delay: float | None = attrs.field(default=None, validator=_check_delay)
-    run_at: float | None = attrs.field(default=None, validator=_check_run_at)
+    run_at: datetime.datetime | None = attrs.field(default=None, validator=_check_run_at)
     priority: int | None = attrs.field(default=None, validator=_check_priority)
     unique_key: str | None = attrs.field(default=None, validator=_check_key)
 
@@ -72,11 +83,14 @@ class EnqueueOptions:
         if self.delay is not None and self.run_at is not None:
             raise ConfigError("pass delay= or run_at=, not both")
 
-    def when(self, now: float) -> float | None:
-        """The job's run_at on the backend's clock (None: due now)."""
+    def when(self, now: float, wall_offset: float = 0.0) -> float | None:
+        """The job's run_at on the backend's clock (None: due now), given the clock's `now` and
+        its `wall_offset` (`Backend.wall_offset`: what maps a wall-clock `run_at` onto it)."""
         if self.delay is not None:
             return now + self.delay if self.delay > 0 else None
-        return self.run_at
+        if self.run_at is not None:
+            return self.run_at.timestamp() + wall_offset
+        return None
 
 
 _NO_OPTIONS = EnqueueOptions()
@@ -179,22 +193,25 @@ class JobKind(Generic[P, R]):
             self._types.check(args)
         return text
 
-    def new_job(self, args: Mapping[str, Any], opts: EnqueueOptions, now: float) -> NewJob:
-        """The job a backend stores for one enqueue of `args` (validated: `ArgsError`)."""
+    def new_job(self, args: Mapping[str, Any], opts: EnqueueOptions, now: float, wall_offset: float = 0.0) -> NewJob:
+        """The job a backend stores for one enqueue of `args` (validated: `ArgsError`); `now`
+        and `wall_offset` are the backend's (`EnqueueOptions.when`)."""
         key = opts.unique_key
         if key is None and self.unique is not None:
             key = self.unique_key_for(args)
         priority = self.priority if opts.priority is None else opts.priority
-        return NewJob(self.name, self.queue, self._args_json(args), priority, opts.when(now), self.max_attempts, key)
+        return NewJob(self.name, self.queue, self._args_json(args), priority, opts.when(now, wall_offset), self.max_attempts, key)
 
-    def new_jobs(self, many: Iterable[Mapping[str, Any]], opts: EnqueueOptions, now: float) -> list[NewJob]:
+    def new_jobs(
+        self, many: Iterable[Mapping[str, Any]], opts: EnqueueOptions, now: float, wall_offset: float = 0.0
+    ) -> list[NewJob]:
         """One job per mapping of `many` (all validated first: one bad mapping refuses the batch);
         a kind with a `unique` function gives each job its own key."""
         if opts.unique_key is not None:
             raise ConfigError("unique_key applies to enqueue(), not enqueue_many(): one key cannot name many jobs")
         name, queue, attempts, to_json = self.name, self.queue, self.max_attempts, self._args_json
         priority = self.priority if opts.priority is None else opts.priority
-        when = opts.when(now)
+        when = opts.when(now, wall_offset)
         new = tuple.__new__  # a NamedTuple without its Python-level __new__: once per job
         if self.unique is None:
             return [new(NewJob, (name, queue, to_json(args), priority, when, attempts, None)) for args in many]
@@ -205,12 +222,13 @@ class JobKind(Generic[P, R]):
         self,
         *,
         delay: float | None = None,
-        run_at: float | None = None,
+        run_at: datetime.datetime | None = None,
         priority: int | None = None,
         unique_key: str | None = None,
     ) -> BoundEnqueue:
-        """Enqueue with options: ``await kind.options(delay=5).enqueue(doc_id=1)``. The options
-        are checked here (`ConfigError`)."""
+        """Enqueue with options: ``await kind.options(delay=5).enqueue(doc_id=1)``. `delay` is
+        seconds from now, `run_at` an aware datetime (wall-clock time; a naive one is a
+        `ConfigError`). The options are checked here (`ConfigError`)."""
         return BoundEnqueue(self, EnqueueOptions(delay=delay, run_at=run_at, priority=priority, unique_key=unique_key))
 
     async def enqueue(self, **args: Any) -> JobId:
@@ -229,11 +247,11 @@ class BoundEnqueue:
 
     async def enqueue(self, **args: Any) -> JobId:
         client = get_enqueuer(f"{self.kind.name}.enqueue()")
-        return (await client.insert([self.kind.new_job(args, self.opts, client.now())]))[0]
+        return (await client.insert([self.kind.new_job(args, self.opts, client.now(), client.wall_offset())]))[0]
 
     async def enqueue_many(self, many: Iterable[Mapping[str, Any]]) -> list[JobId]:
         client = get_enqueuer(f"{self.kind.name}.enqueue_many()")
-        return await client.insert(self.kind.new_jobs(many, self.opts, client.now()))
+        return await client.insert(self.kind.new_jobs(many, self.opts, client.now(), client.wall_offset()))
 
 
 class App:

@@ -11,6 +11,7 @@ cancelled); if the call returns, it happened exactly once.
 
 from __future__ import annotations
 
+import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
 import attrs
@@ -66,6 +67,22 @@ class Client:
     def now(self) -> float:
         return self.backend.now()
 
+    def wall_offset(self) -> float:
+        return self.backend.wall_offset()
+
+    def wall_now(self) -> datetime.datetime:
+        """Now, as the backend's wall clock has it (an aware UTC datetime): the present in
+        production; under `MockClock` on the memory backend, the virtual present (wall time at
+        start plus the virtual time elapsed), which is what to add a `timedelta` to for a
+        `run_at` in a test that moves virtual time."""
+        return self.wall_time(self.backend.now())
+
+    def wall_time(self, t: float) -> datetime.datetime:
+        """A time on the backend's clock (a `Job`'s `run_at`, `created_at`, `attempted_at`,
+        `finalized_at`, a `JobError`'s `at`) as an aware UTC datetime: the inverse of the mapping
+        that `run_at=` goes through, so ``rt.wall_time(job.run_at)`` is the datetime enqueued."""
+        return datetime.datetime.fromtimestamp(t - self.backend.wall_offset(), datetime.timezone.utc)
+
     def _check_open(self) -> None:
         if self.closing:
             raise RuntimeClosed(
@@ -93,7 +110,7 @@ class Client:
         args: Mapping[str, Any] | None = None,
         *,
         delay: float | None = None,
-        run_at: float | None = None,
+        run_at: datetime.datetime | None = None,
         priority: int | None = None,
         unique_key: str | None = None,
     ) -> JobId:
@@ -101,7 +118,8 @@ class Client:
         returns its id (a `JobId`, an int whose `.existing` is True when `unique_key` matched a
         pending job).
 
-        `delay` (seconds) or `run_at` (backend clock) schedule it for later; higher `priority`
+        `delay` (seconds from now) or `run_at` (an aware datetime: wall-clock time on every
+        backend; naive is a `ConfigError`) schedule it for later; higher `priority`
         runs first (default: the kind's); with `unique_key`, while a job with that key is not
         final, the existing job's id is returned and no job is added. Raises UnknownJob,
         ArgsError, ConfigError, or RuntimeClosed once shutdown began. Cancel-atomic: if the
@@ -109,7 +127,7 @@ class Client:
         """
         job_kind = self._kind(kind)
         opts = EnqueueOptions(delay=delay, run_at=run_at, priority=priority, unique_key=unique_key)
-        return (await self.insert([job_kind.new_job(args or {}, opts, self.now())]))[0]
+        return (await self.insert([job_kind.new_job(args or {}, opts, self.now(), self.wall_offset())]))[0]
 
     async def enqueue_many(
         self,
@@ -117,7 +135,7 @@ class Client:
         many: Iterable[Mapping[str, Any]],
         *,
         delay: float | None = None,
-        run_at: float | None = None,
+        run_at: datetime.datetime | None = None,
         priority: int | None = None,
     ) -> list[JobId]:
         """Enqueue one job of `kind` per mapping in `many`, in one backend call; returns the ids
@@ -125,7 +143,7 @@ class Client:
         with a `unique` function gives each job its own key."""
         job_kind = self._kind(kind)
         opts = EnqueueOptions(delay=delay, run_at=run_at, priority=priority)
-        return await self.insert(job_kind.new_jobs(many, opts, self.now()))
+        return await self.insert(job_kind.new_jobs(many, opts, self.now(), self.wall_offset()))
 
     async def enqueue_tx(
         self,
@@ -134,7 +152,7 @@ class Client:
         args: Mapping[str, Any] | None = None,
         *,
         delay: float | None = None,
-        run_at: float | None = None,
+        run_at: datetime.datetime | None = None,
         priority: int | None = None,
         unique_key: str | None = None,
     ) -> JobId:
@@ -150,7 +168,7 @@ class Client:
             raise ConfigError(f"enqueue_tx needs the PostgreSQL backend (this runtime uses {backend.url}); use enqueue")
         job_kind = self._kind(kind)
         opts = EnqueueOptions(delay=delay, run_at=run_at, priority=priority, unique_key=unique_key)
-        new = job_kind.new_job(args or {}, opts, self.now())
+        new = job_kind.new_job(args or {}, opts, self.now(), self.wall_offset())
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
         query, params = backend.insert_sql(new, self.now())

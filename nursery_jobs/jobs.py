@@ -221,8 +221,11 @@ def format_traceback(error: BaseException) -> str:
 class Job:
     """A snapshot of a job row, as `Runtime.get_job` returns it.
 
-    Times are seconds on the backend's clock: `trio.current_time()` on the memory backend (so
-    `MockClock` drives it in tests), Unix time on durable backends.
+    Times (`run_at`, `created_at`, `attempted_at`, `finalized_at`, each error's `at`) are
+    seconds on the backend's clock, for arithmetic with `rt.now()`: Unix time on the durable
+    backends, `trio.current_time()` on the memory backend (so `MockClock` drives it in tests).
+    ``rt.wall_time(job.run_at)`` gives any of them as an aware UTC datetime on every backend,
+    the same datetime that `run_at=` was given.
     """
 
     id: int
