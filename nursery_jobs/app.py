@@ -412,6 +412,11 @@ class App:
 
         return register
 
+    def uses_queue(self, name: str) -> bool:
+        """True if the queue was declared with `app.queue` or a job kind uses it (the "default"
+        queue exists either way)."""
+        return name in self._declared or any(k.queue == name for k in self._kinds.values())
+
     def kind(self, name: str) -> JobKind[Any, Any]:
         try:
             return self._kinds[name]

@@ -20,6 +20,7 @@ import trio
 from .app import App, EnqueueOptions, JobKind
 from .backends import Backend, NewJob, QueueCounts, TransactionalEnqueue
 from .coordination.receipts import Receipts
+from .config import DEFAULT_QUEUE
 from .errors import ConfigError, RuntimeClosed
 from .infra.threads import ThreadBudget, run_sync_io
 from .jobs import Job, JobId, JobState, Receipt, _ExistingJobId, check_job_id
@@ -29,25 +30,40 @@ __all__ = ["Client", "QueueStats"]
 
 @attrs.frozen
 class QueueStats:
-    """One queue, as `Runtime.stats` reports it.
-
-    `running` counts attempts in progress in the backend (all processes); `queued` is available
-    + scheduled + retryable; `failed` counts attempts that ended in an error or a timeout;
-    `interrupted` counts attempts a shutdown gave back.
+    """One queue, as `Runtime.stats` reports it. Each counter says what it counts and whose it
+    is: *jobs* in the backend (every process sharing it: the fleet), *attempts* over the jobs the
+    backend still keeps (final jobs leave with retention), or this process's own workers (*here*).
     """
 
     name: str
-    max_workers: int
+    max_workers_here: int
+    """This process's worker limit for the queue (0 when this process runs no worker for it,
+    e.g. a client that only enqueues, or `open_runtime(queues=[...])` without it)."""
+    running_here: int
+    """Attempts of this queue in progress in this process (at most `max_workers_here`)."""
     running: int
+    """Jobs in the `running` state, fleet-wide: every process's attempts (and claims not yet
+    rescued from a process that died), so it may exceed `max_workers_here`."""
     queued: int
+    """Jobs waiting to run, fleet-wide: `available` + `scheduled` + `retryable`."""
     available: int
+    """Jobs due now, waiting for a worker."""
     scheduled: int
+    """Jobs waiting for their `run_at` (a delay, a `run_at`, a snooze)."""
     retryable: int
+    """Jobs whose last attempt failed, waiting for their backoff to pass."""
     completed: int
+    """Jobs completed, of those the backend still keeps (retention deletes old final jobs)."""
     discarded: int
+    """Jobs failed for good (`Discard`, attempts spent, or not runnable), of those kept."""
     cancelled: int
-    failed: int
-    interrupted: int
+    """Jobs cancelled, of those kept."""
+    failed_attempts: int
+    """Attempts that ended in an error or a timeout, over the jobs kept: a job retried twice
+    and then completed counts 2 here and 1 in `completed`; a failed attempt is not a failed
+    job (those are `discarded`)."""
+    interrupted_attempts: int
+    """Attempts a shutdown cut and gave back (they did not count against `max_attempts`)."""
 
 
 class Client:
@@ -220,16 +236,29 @@ class Client:
         await trio.lowlevel.cancel_shielded_checkpoint()
         return state
 
+    def workers_here(self) -> Mapping[str, tuple[int, int]]:
+        """Per queue this process runs workers for: (worker limit, attempts in progress). A
+        client runs none; `Runtime` reports its executors."""
+        return {}
+
     async def stats(self) -> dict[str, QueueStats]:
-        """Per queue of the app: its worker limit and its jobs by state."""
+        """Per queue of the app, by name: its jobs by state (fleet-wide), its attempt counters
+        and this process's workers (`QueueStats`). The "default" queue, which always exists, is
+        listed only when it is used: declared with `app.queue`, used by a job kind, or holding
+        jobs in the backend."""
         await trio.lowlevel.checkpoint()
         counts = await self.backend.stats()
+        here = self.workers_here()
         out: dict[str, QueueStats] = {}
-        for name, cfg in sorted(self.app.queues.items()):
+        for name in sorted(self.app.queues):
+            if name == DEFAULT_QUEUE and not (name in counts or self.app.uses_queue(name)):
+                continue
             c = counts.get(name, QueueCounts())
+            limit, busy = here.get(name, (0, 0))
             out[name] = QueueStats(
                 name=name,
-                max_workers=cfg.max_workers,
+                max_workers_here=limit,
+                running_here=busy,
                 running=c.running,
                 queued=c.available + c.scheduled + c.retryable,
                 available=c.available,
@@ -238,7 +267,7 @@ class Client:
                 completed=c.completed,
                 discarded=c.discarded,
                 cancelled=c.cancelled,
-                failed=c.failed,
-                interrupted=c.interrupted,
+                failed_attempts=c.failed,
+                interrupted_attempts=c.interrupted,
             )
         return out
