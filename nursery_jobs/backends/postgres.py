@@ -49,6 +49,7 @@ Times are float seconds on the runtime's clock (Unix time; hosts are expected to
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import importlib.resources
 import json
@@ -56,7 +57,8 @@ import logging
 import re
 import shlex
 import time
-from typing import Any, Awaitable, Callable, ClassVar, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any, AsyncIterator, Awaitable, Callable, ClassVar, Mapping, Protocol, Sequence
 from urllib.parse import quote, unquote
 
 import trio
@@ -72,6 +74,7 @@ from ..infra.pg import (  # psycopg only through infra: import order
     sql,
 )
 from ..infra.redact import REDACTED, redact, redact_exception
+from ..infra.threads import run_callers_io
 from ..config import check_timeout
 from ..errors import BackendError, BackendUnavailable, ConfigError, JobNotFound
 from ..jobs import MAX_ERRORS_KEPT, Job, JobState
@@ -387,6 +390,15 @@ class PostgresBackend:
         self._pool: PgPool | None = None
         self._workers: int | None = None
         """The most queue workers a runtime on this backend has (`check_budget`); None: unknown."""
+        self.acquire_timeout = 10.0
+        """The longest wait for a free pooled connection, and for a transaction slot."""
+        self._tx_slots: trio.Semaphore | None = None
+        self._tx_limit = 0
+        self._lent: dict[TrioConnection, list[Any]] = {}
+        """The connections `transaction()` lent, each with the inserts to announce at its commit."""
+        self._dbname: str | None = None
+        """The database the pool's connections reach (known once open): `enqueue_tx` checks a
+        caller's connection against it."""
         self.url = redact(_display_url(params, schema), conninfo)
         """The database this backend uses, for logs and messages: user, hosts, ports, database
         and schema, never the password."""
@@ -396,7 +408,6 @@ class PostgresBackend:
         # The id sequence the migration's bigserial made (a literal: resolved once, when the
         # statement is parsed, not per row).
         seq = sql.Literal(f'"{schema}".jobs_id_seq')
-        self._insert_one_sql = _QUERIES["insert_one"].format(s=ident)
         # Rendered once: psycopg would compose a `sql.Composed` again on every call.
         self._q = {name: q.format(s=ident, seq=seq).as_bytes(None) for name, q in _QUERIES.items()}
 
@@ -474,7 +485,12 @@ class PostgresBackend:
                         if retry or isinstance(exc, ConnectFailed)
                         else f"PostgreSQL connection lost during a write whose outcome is unknown ({self._describe(exc)})"
                     ) from exc
-                log.warning("PostgreSQL call failed (%s); retrying in %.2f s", self._describe(exc), delay)
+                log.warning(
+                    "PostgreSQL call failed (%s); retrying in %.2f s",
+                    self._describe(exc),
+                    delay,
+                    extra={"event": "backend_retry", "backend": self.url, "retry_in": delay},
+                )
                 await trio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
@@ -523,6 +539,7 @@ class PostgresBackend:
             pool = PgPool(
                 self.conninfo,
                 size=self.pool_size or 10,
+                acquire_timeout=self.acquire_timeout,
                 statement_timeout=self.statement_timeout,
                 blocking=self._blocking_io,
                 session=POOL_SESSION,
@@ -531,7 +548,11 @@ class PostgresBackend:
         except psycopg.ProgrammingError as exc:
             raise ConfigError(f"bad PostgreSQL URL: {redact(_one_line(exc), self.conninfo)}") from None
         try:
-            version = await pool.run(lambda c: _schema_version_async(c, self.schema))
+            async def check(conn: TrioConnection) -> int | None:
+                self._dbname = conn.info.dbname
+                return await _schema_version_async(conn, self.schema)
+
+            version = await pool.run(check)
         except psycopg.Error as exc:
             await pool.close()
             kind = _failure_kind(exc)
@@ -600,76 +621,82 @@ class PostgresBackend:
     # -- protocol --
 
     async def insert_many(self, jobs: Sequence[NewJob]) -> list[InsertResult]:
+        if not jobs:
+            await trio.lowlevel.checkpoint()
+            return []
         now = self.now()
         run_ats = [now if j.run_at is None or j.run_at < now else j.run_at for j in jobs]
-        if any(j.unique_key is not None for j in jobs):
-
-            async def each(conn: TrioConnection) -> list[InsertResult]:
-                if len(jobs) == 1:
-                    return [await self._insert_one(conn, jobs[0], run_ats[0], now)]
-                # One transaction: the batch is all or nothing, and no job of it can be claimed
-                # (and its key freed) before the rest is in -- a key twice in one batch is one job.
-                async with conn.transaction():
-                    return [await self._insert_one(conn, j, r, now) for j, r in zip(jobs, run_ats)]
-
-            results: list[InsertResult] = await self._run(each, retry=False)
-        elif len(jobs) == 1:
-            job = jobs[0]
-            one = (job.kind, job.queue, job.args_json, "available" if run_ats[0] <= now else "scheduled",
-                   job.max_attempts, job.priority, run_ats[0], now, self._jobs_channel, job.queue)  # fmt: skip
-            q = self._q["insert_single"]
-            row = await self._run(lambda c: _one(c, q, one), retry=False)
-            assert row is not None
-            self._emit([JobsAvailable(job.queue) if run_ats[0] <= now else JobsAvailable(job.queue, run_ats[0])])
-            return [InsertResult(row[0], False)]
-        elif len(jobs) >= _COPY_AT:
-            ids: list[int] = await self._run(lambda c: self._copy_in(c, jobs, run_ats, now), retry=False)
-            results = [InsertResult(i, False) for i in ids]
-        else:
-            params = (
-                now,
-                [j.kind for j in jobs],
-                [j.queue for j in jobs],
-                [j.args_json for j in jobs],
-                ["available" if r <= now else "scheduled" for r in run_ats],
-                [j.max_attempts for j in jobs],
-                [j.priority for j in jobs],
-                run_ats,
-                self._jobs_channel,
-            )
-            q = self._q["insert_many"]
-            rows = await self._run(lambda c: _all(c, q, params), retry=False)
-            results = [InsertResult(i, False) for i in sorted(r[0] for r in rows)]
+        results: list[InsertResult] = await self._run(
+            lambda c: self._insert(_TrioSession(c), jobs, run_ats, now), retry=False
+        )
+        if len(results) == 1:  # the common case, without the sets of `_emit_inserted`
+            if not results[0].existing:
+                self._emit([JobsAvailable(jobs[0].queue) if run_ats[0] <= now else JobsAvailable(jobs[0].queue, run_ats[0])])
+            return results
         self._emit_inserted(jobs, run_ats, results, now)
         return results
 
-    async def _copy_in(self, conn: TrioConnection, jobs: Sequence[NewJob], run_ats: list[float], now: float) -> list[int]:
+    async def _insert(self, s: _Session, jobs: Sequence[NewJob], run_ats: list[float], now: float) -> list[InsertResult]:
+        """The jobs' rows, on session `s`: a pooled connection of the backend's own, the one
+        `transaction()` lent, or the caller's (`insert_tx`). One code for all of them, so a
+        job stored in a transaction is the job `insert_many` stores. Each statement queues the
+        wake-up NOTIFY of its queues, sent at the commit (at once on an autocommit session)."""
+        if not jobs:
+            return []
+        if any(j.unique_key is not None for j in jobs):
+            if len(jobs) == 1:
+                return [await self._insert_one(s, jobs[0], run_ats[0], now)]
+            # One transaction: the batch is all or nothing, and no job of it can be claimed
+            # (and its key freed) before the rest is in -- a key twice in one batch is one job.
+            async with _atomic(s):
+                return [await self._insert_one(s, j, r, now) for j, r in zip(jobs, run_ats)]
+        if len(jobs) == 1:
+            job = jobs[0]
+            one = (job.kind, job.queue, job.args_json, "available" if run_ats[0] <= now else "scheduled",
+                   job.max_attempts, job.priority, run_ats[0], now, self._jobs_channel, job.queue)  # fmt: skip
+            row = await s.one(self._q["insert_single"], one)
+            assert row is not None
+            return [InsertResult(row[0], False)]
+        if len(jobs) >= _COPY_AT:
+            return [InsertResult(i, False) for i in await self._copy_in(s, jobs, run_ats, now)]
+        params = (
+            now,
+            [j.kind for j in jobs],
+            [j.queue for j in jobs],
+            [j.args_json for j in jobs],
+            ["available" if r <= now else "scheduled" for r in run_ats],
+            [j.max_attempts for j in jobs],
+            [j.priority for j in jobs],
+            run_ats,
+            self._jobs_channel,
+        )
+        rows = await s.all(self._q["insert_many"], params)
+        return [InsertResult(i, False) for i in sorted(r[0] for r in rows)]
+
+    async def _copy_in(self, s: _Session, jobs: Sequence[NewJob], run_ats: list[float], now: float) -> list[int]:
         """A large batch through COPY, in one transaction: take its ids from the table's
         sequence first (ascending, so the jobs keep their order), queue the NOTIFYs (sent at
         commit), then COPY the rows with their ids."""
         queues = sorted({j.queue for j in jobs})
-        async with conn.transaction():
-            row = await _one(conn, self._q["reserve_ids"], (self._jobs_channel, queues, len(jobs)))
+        async with _atomic(s):
+            row = await s.one(self._q["reserve_ids"], (self._jobs_channel, queues, len(jobs)))
             assert row is not None
             first, last, listed = row
             # Without concurrent inserts the ids are one run: only its ends travel.
             ids = list(range(first, last + 1)) if listed is None else [int(i) for i in listed.split(",")]
-            async with conn.cursor() as cur:
-                async with cur.copy(self._q["copy_in"]) as copy:
-                    await copy.write(_copy_text(ids, jobs, run_ats, now))
+            await s.copy(self._q["copy_in"], _copy_text(ids, jobs, run_ats, now))
         return ids
 
-    async def _insert_one(self, conn: TrioConnection, job: NewJob, run_at: float, now: float) -> InsertResult:
+    async def _insert_one(self, s: _Session, job: NewJob, run_at: float, now: float) -> InsertResult:
         while True:
-            row = await _one(
-                conn,
+            row = await s.one(
                 self._q["insert_one"],
                 (job.kind, job.queue, job.args_json, "available" if run_at <= now else "scheduled", job.max_attempts,
                  job.priority, run_at, now, job.unique_key, self._jobs_channel, job.queue),
             )  # fmt: skip
             if row is not None:
                 return InsertResult(row[0], False)
-            existing = await _one(conn, self._q["find_unique"], (job.unique_key,))
+            existing = await s.one(self._q["find_unique"], (job.unique_key,))
             if existing is not None:
                 return InsertResult(existing[0], True)
             # the holder became final between the two statements: try again
@@ -837,7 +864,10 @@ class PostgresBackend:
             fixed = json.dumps(entries)
             await self._run(lambda c: _exec(c, self._q["repair_errors"], (fixed, job_id, row[12])))
             log.warning(
-                "PostgreSQL job %d: %s; replaced by a note", job_id, "; ".join(d.describe() for d in damage)
+                "PostgreSQL job %d: %s; replaced by a note",
+                job_id,
+                "; ".join(d.describe() for d in damage),
+                extra={"event": "row_repaired", "job_id": job_id, "backend": self.url},
             )
             if not job.state.final:  # the repair held the row: a claim meanwhile skipped it
                 self._emit([JobsAvailable(job.queue)])
@@ -855,15 +885,286 @@ class PostgresBackend:
 
         return counts_from_rows(await self._run(count))
 
-    # -- transactional enqueue --
+    # -- transactions --
 
-    def insert_sql(self, job: NewJob, now: float) -> tuple[sql.Composed, tuple[Any, ...]]:
-        """The statement and parameters that insert `job` and notify its queue, for running on
-        the caller's own connection inside the caller's transaction."""
-        run_at = now if job.run_at is None or job.run_at < now else job.run_at
-        params = (job.kind, job.queue, job.args_json, "available" if run_at <= now else "scheduled",
-                  job.max_attempts, job.priority, run_at, now, job.unique_key, self._jobs_channel, job.queue)  # fmt: skip
-        return self._insert_one_sql, params
+    def _transaction_slots(self) -> trio.Semaphore:
+        """At most `pool_size - (workers + 2)` transactions open at once: the connections the
+        workers do not plan for (`check_budget`), so open transactions can never take one a
+        worker counts on."""
+        if self._tx_slots is None:
+            size = self.pool.size
+            planned = (self._workers or 0) + 2
+            if size - planned < 1:
+                raise ConfigError(
+                    f"no connection is left for rt.transaction(): pool_size {size} is all planned for "
+                    f"{self._workers or 0} queue workers + 1 runtime + 1 listener; raise pool_size"
+                )
+            self._tx_limit = size - planned
+            self._tx_slots = trio.Semaphore(size - planned)
+        return self._tx_slots
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[TrioConnection]:
+        """A pooled connection in a transaction for the block (see `TransactionalEnqueue`).
+
+        The transaction runs the service's own statements too, so the pool's session settings
+        for the runtime's statements (`POOL_SESSION`) are set back to PostgreSQL's defaults for
+        it (`SET LOCAL`, in the BEGIN's round trip). Waits at most `acquire_timeout` for a free
+        transaction slot and as long again for a connection; BEGIN and COMMIT are each bounded
+        like any pooled round trip (`PgPool.round_trip_bound`). A block that raises or is
+        cancelled is rolled back by the pool (shielded, bounded by `DRAIN_TIMEOUT`), which
+        drops the connection if the rollback cannot be done."""
+        slots = self._transaction_slots()
+        try:
+            slots.acquire_nowait()
+        except trio.WouldBlock:
+            with trio.move_on_after(self.acquire_timeout) as waited:
+                await slots.acquire()
+            if waited.cancelled_caught:
+                raise BackendUnavailable(
+                    f"no transaction slot free within {self.acquire_timeout:g} s: {self._tx_limit} "
+                    f"transactions are open, as many as the pool of {self.pool.size} leaves beside its workers; "
+                    "keep transactions short (no network calls inside), or raise pool_size"
+                ) from None
+        try:
+            staged: list[tuple[Sequence[NewJob], list[float], list[InsertResult], float]] = []
+            async with AsyncExitStack() as stack:
+                try:
+                    conn = await stack.enter_async_context(self.pool.connection())
+                    with trio.move_on_after(self.pool.round_trip_bound) as began:
+                        await conn.execute(_BEGIN, prepare=False)
+                    if began.cancelled_caught:
+                        conn.close_now()  # never pooled again
+                        raise BackendUnavailable(
+                            f"no answer to BEGIN from PostgreSQL within {self.pool.round_trip_bound:g} s; nothing "
+                            "was written, and the connection was closed"
+                        )
+                except trio.TooSlowError:
+                    raise BackendUnavailable(
+                        f"no PostgreSQL connection free in the pool of {self.pool.size} within its wait bound; "
+                        "raise pool_size or lower the number of concurrent callers"
+                    ) from None
+                except psycopg.Error as exc:
+                    redact_exception(exc, self.conninfo)
+                    raise BackendUnavailable(f"cannot begin a PostgreSQL transaction ({self._describe(exc)})") from exc
+                self._lent[conn] = staged
+                try:
+                    yield conn
+                    if conn.pgconn.transaction_status == _INERROR:
+                        raise BackendError(
+                            "the transaction failed inside the block (a statement's error was caught there) "
+                            "and was rolled back; let the error propagate, or use a savepoint "
+                            "(`async with conn.transaction():`) around the statement that may fail"
+                        )
+                    try:
+                        with trio.move_on_after(self.pool.round_trip_bound) as committed:
+                            await conn.execute(b"COMMIT", prepare=False)
+                        if committed.cancelled_caught:
+                            conn.close_now()
+                            raise BackendUnavailable(
+                                f"no answer to COMMIT from PostgreSQL within {self.pool.round_trip_bound:g} s: whether "
+                                "the transaction committed is unknown; the connection was closed"
+                            )
+                    except psycopg.Error as exc:
+                        redact_exception(exc, self.conninfo)
+                        if _failure_kind(exc) is _Failure.LOST:
+                            raise BackendUnavailable(
+                                f"PostgreSQL connection lost during COMMIT ({self._describe(exc)}): whether the "
+                                "transaction committed is unknown"
+                            ) from exc
+                        raise
+                finally:
+                    del self._lent[conn]
+            for jobs, run_ats, results, now in staged:  # committed: tell this process's runtime
+                self._emit_inserted(jobs, run_ats, results, now)
+        finally:
+            slots.release()
+
+    async def insert_tx(self, conn: Any, jobs: Sequence[NewJob]) -> list[InsertResult]:
+        now = self.now()
+        run_ats = [now if j.run_at is None or j.run_at < now else j.run_at for j in jobs]
+        staged = None
+        if isinstance(conn, TrioConnection):  # only ever one of the pool's: lent, or no longer
+            staged = self._lent.get(conn)
+            if staged is None:
+                raise ConfigError(
+                    "enqueue_tx: this transaction has ended (its connection went back to the pool); "
+                    "enqueue inside its `async with rt.transaction()` block"
+                )
+        session = self._session_for(conn)
+        try:
+            results = await self._insert(session, jobs, run_ats, now)
+        except psycopg.errors.UndefinedTable as exc:
+            raise ConfigError(
+                f"enqueue_tx: the connection reaches database {conn.info.dbname!r}, which has no nursery_jobs schema "
+                f"{self.schema!r}; pass a connection to the runtime's database ({self.url})"
+            ) from exc
+        except psycopg.Error as exc:
+            raise redact_exception(exc, self.conninfo)
+        if staged is not None:
+            staged.append((jobs, run_ats, results, now))
+        return results
+
+    def _session_for(self, conn: Any) -> _Session:
+        if isinstance(conn, TrioConnection):
+            session: _Session = _TrioSession(conn)
+        elif isinstance(conn, psycopg.AsyncConnection):
+            from ..infra.aio import loop_running
+
+            if not loop_running():
+                raise ConfigError(
+                    "enqueue_tx with an async psycopg connection needs a trio-asyncio loop: open one "
+                    "with `async with trio_asyncio.open_loop():` around your code, or pass a sync Connection"
+                )
+            session = _AsyncioSession(conn)
+        elif isinstance(conn, psycopg.Connection):
+            session = _ThreadSession(conn)
+        else:
+            raise ConfigError(
+                "enqueue_tx on the PostgreSQL backend takes the connection rt.transaction() lends, or a psycopg "
+                f"Connection or AsyncConnection of your own, not {type(conn).__name__}"
+            )
+        if self._dbname is not None and conn.info.dbname != self._dbname:
+            raise ConfigError(
+                f"enqueue_tx got a connection to database {conn.info.dbname!r}, but this runtime's jobs are in "
+                f"{self._dbname!r} ({self.url}); enqueue on a connection to that database"
+            )
+        return session
+
+
+_BEGIN = b"BEGIN; SET LOCAL plan_cache_mode = auto; SET LOCAL enable_seqscan = on"
+_INERROR = psycopg.pq.TransactionStatus.INERROR
+_TX_IDLE = psycopg.pq.TransactionStatus.IDLE
+
+
+class _Session(Protocol):
+    """A connection the insert statements run on: the pool's (`_TrioSession`), or a caller's
+    sync (`_ThreadSession`, each call on a thread) or asyncio one (`_AsyncioSession`)."""
+
+    async def one(self, query: Any, params: Any) -> tuple[Any, ...] | None: ...
+
+    async def all(self, query: Any, params: Any) -> list[tuple[Any, ...]]: ...
+
+    async def command(self, statement: bytes) -> None:
+        """A statement with no parameters, never prepared (BEGIN, SAVEPOINT, COMMIT)."""
+        ...
+
+    async def copy(self, statement: Any, text: str) -> None: ...
+
+    def idle(self) -> bool:
+        """Autocommit and in no transaction: each statement commits on its own."""
+        ...
+
+
+class _TrioSession:
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: TrioConnection) -> None:
+        self.conn = conn
+
+    async def one(self, query: Any, params: Any) -> tuple[Any, ...] | None:
+        return await _one(self.conn, query, params)
+
+    async def all(self, query: Any, params: Any) -> list[tuple[Any, ...]]:
+        return await _all(self.conn, query, params)
+
+    async def command(self, statement: bytes) -> None:
+        await self.conn.execute(statement, prepare=False)
+
+    async def copy(self, statement: Any, text: str) -> None:
+        async with self.conn.cursor() as cur:
+            async with cur.copy(statement) as copy:
+                await copy.write(text)
+
+    def idle(self) -> bool:
+        return self.conn.autocommit and self.conn.pgconn.transaction_status == _TX_IDLE
+
+
+class _ThreadSession:
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    async def one(self, query: Any, params: Any) -> tuple[Any, ...] | None:
+        row: tuple[Any, ...] | None = await run_callers_io(lambda: self.conn.execute(query, params).fetchone())
+        return row
+
+    async def all(self, query: Any, params: Any) -> list[tuple[Any, ...]]:
+        rows: list[tuple[Any, ...]] = await run_callers_io(lambda: self.conn.execute(query, params).fetchall())
+        return rows
+
+    async def command(self, statement: bytes) -> None:
+        await run_callers_io(lambda: self.conn.execute(statement, prepare=False))
+
+    async def copy(self, statement: Any, text: str) -> None:
+        def write() -> None:
+            with self.conn.cursor() as cur, cur.copy(statement) as copy:
+                copy.write(text)
+
+        await run_callers_io(write)
+
+    def idle(self) -> bool:
+        return self.conn.autocommit and self.conn.info.transaction_status == _TX_IDLE
+
+
+class _AsyncioSession:
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.conn = conn
+
+    async def one(self, query: Any, params: Any) -> tuple[Any, ...] | None:
+        async def run() -> Any:
+            return await (await self.conn.execute(query, params)).fetchone()
+
+        return await _via_asyncio(run)  # type: ignore[no-any-return]
+
+    async def all(self, query: Any, params: Any) -> list[tuple[Any, ...]]:
+        async def run() -> Any:
+            return await (await self.conn.execute(query, params)).fetchall()
+
+        return await _via_asyncio(run)  # type: ignore[no-any-return]
+
+    async def command(self, statement: bytes) -> None:
+        async def run() -> None:
+            await self.conn.execute(statement, prepare=False)
+
+        await _via_asyncio(run)
+
+    async def copy(self, statement: Any, text: str) -> None:
+        async def run() -> None:
+            async with self.conn.cursor() as cur:
+                async with cur.copy(statement) as copy:
+                    await copy.write(text)
+
+        await _via_asyncio(run)
+
+    def idle(self) -> bool:
+        return self.conn.autocommit and self.conn.info.transaction_status == _TX_IDLE
+
+
+async def _via_asyncio(fn: Callable[[], Awaitable[Any]]) -> Any:
+    from ..infra.aio import call_asyncio  # trio-asyncio only for a caller's asyncio connection
+
+    return await call_asyncio(fn)
+
+
+@asynccontextmanager
+async def _atomic(s: _Session) -> AsyncIterator[None]:
+    """The block's statements all or none: a transaction of its own on an autocommit session
+    in no transaction, a savepoint inside the one open (so a failed batch leaves a caller's
+    transaction usable). On a cancellation nothing more is sent: the pool rolls its own
+    connection back at check-in, and a caller's transaction is the caller's to end."""
+    own = s.idle()
+    await s.command(b"BEGIN" if own else b"SAVEPOINT nursery_jobs_insert")
+    try:
+        yield
+    except Exception:
+        with contextlib.suppress(psycopg.Error):
+            await s.command(b"ROLLBACK" if own else b"ROLLBACK TO SAVEPOINT nursery_jobs_insert")
+        raise
+    await s.command(b"COMMIT" if own else b"RELEASE SAVEPOINT nursery_jobs_insert")
 
 
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
