@@ -58,8 +58,8 @@ async def test_run_at_is_an_aware_wall_clock_datetime_on_every_backend(make_back
                 await rt.enqueue_many(tick, [{}], run_at=bad)  # type: ignore[arg-type]
         assert rt.wall_time(job.created_at) <= rt.wall_now()
         before = rt.wall_now()
-        await trio.sleep(3600)  # virtual time: the backend's wall clock moves with it
-        assert abs(rt.wall_now() - before - datetime.timedelta(hours=1)) < datetime.timedelta(milliseconds=1)
+        await trio.sleep(60)  # virtual time: the backend's wall clock moves with it
+        assert abs(rt.wall_now() - before - datetime.timedelta(minutes=1)) < datetime.timedelta(milliseconds=1)
 
 
 async def test_higher_priority_first_then_fifo(make_backend, autojump_clock):

@@ -298,5 +298,5 @@ async def test_wall_offset_maps_unix_time_onto_the_clock_and_never_changes(make_
     async with opened(make_backend) as backend:
         offset = backend.wall_offset()
         assert abs(backend.now() - offset - time.time()) < 5  # the same present, read both ways
-        await trio.sleep(3600)  # virtual time moves the clock; the mapping stays
+        await trio.sleep(60)  # virtual time moves the clock; the mapping stays
         assert backend.wall_offset() == offset
