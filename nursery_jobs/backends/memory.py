@@ -133,7 +133,9 @@ class MemoryBackend:
         self._next_id = 1
         self._schedules: dict[str, ScheduleState] = {}
         self._locks: dict[str, tuple[str, float]] = {}
-        self._unix_offset: float | None = None
+        self._wall_offset: float | None = None
+        """Trio time minus Unix time, read once (`wall_offset`): the one mapping of wall-clock
+        `run_at`s onto this backend's clock, shared by every runtime on this instance."""
 
     def __repr__(self) -> str:
         return f"<MemoryBackend jobs={len(self._rows)}>"
@@ -141,12 +143,12 @@ class MemoryBackend:
     def now(self) -> float:
         return trio.current_time()
 
-    # -- ScheduleStore --
+    def wall_offset(self) -> float:
+        if self._wall_offset is None:
+            self._wall_offset = trio.current_time() - time.time()
+        return self._wall_offset
 
-    def unix_time(self) -> float:
-        if self._unix_offset is None:
-            self._unix_offset = time.time() - trio.current_time()
-        return self._unix_offset + trio.current_time()
+    # -- ScheduleStore --
 
     async def schedule_states(self, names: Sequence[str]) -> Mapping[str, ScheduleState]:
         return {name: self._schedules[name] for name in names if name in self._schedules}

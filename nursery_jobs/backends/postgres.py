@@ -391,6 +391,7 @@ class PostgresBackend:
         bounded client-side at this + `infra.pg.ROUND_TRIP_MARGIN` (`PgPool`)."""
         _check_statement_timeout("statement_timeout", self.statement_timeout)
         self._clock = clock
+        self._wall_offset: float | None = None
         self._listeners: list[Listener] = []
         self._pool: PgPool | None = None
         self._workers: int | None = None
@@ -427,6 +428,11 @@ class PostgresBackend:
 
     def now(self) -> float:
         return self._clock()
+
+    def wall_offset(self) -> float:
+        if self._wall_offset is None:
+            self._wall_offset = 0.0 if self._clock is time.time else self._clock() - time.time()
+        return self._wall_offset
 
     async def _run(
         self, fn: Callable[[TrioConnection], Awaitable[Any]], *, retry: bool = True, durable: bool = True
@@ -874,9 +880,6 @@ class PostgresBackend:
     # -- transactions --
 
     # -- ScheduleStore --
-
-    def unix_time(self) -> float:
-        return self.now()
 
     async def schedule_states(self, names: Sequence[str]) -> Mapping[str, ScheduleState]:
         q = self._q["schedule_states"]

@@ -186,6 +186,15 @@ class JobStore(Protocol):
         """The backend's clock, in seconds: every `run_at`, heartbeat and cutoff is on it."""
         ...
 
+    def wall_offset(self) -> float:
+        """Seconds to add to a Unix time to get the same instant on `now()`'s clock: 0.0 for a
+        clock that is Unix time (the durable backends' default). A clock that is not (Trio's,
+        on the memory backend or a test's durable one) is mapped by a pair of readings taken
+        once, at the first call, and kept for the backend's life: wall time on this backend
+        advances with its clock, so under `MockClock` a job scheduled an hour of wall time
+        ahead runs after an hour of virtual time. Never raises; constant for the backend."""
+        ...
+
     async def open(self) -> None:
         """Make the backend usable (connect, check the schema). Idempotent."""
         ...
@@ -348,14 +357,9 @@ class ScheduleState(NamedTuple):
 
 @runtime_checkable
 class ScheduleStore(Protocol):
-    """Periodic schedules (`App.periodic`): one row per schedule name, holding its last tick.
-    No leader: every process's scheduler calls `enqueue_tick`, and the row decides."""
-
-    def unix_time(self) -> float:
-        """Now as Unix time (seconds since the epoch, UTC): the clock schedules tick on. A durable
-        backend's `now()` (Unix time unless a test passes another clock); memory's is Trio's
-        clock shifted to the Unix time it had when first read."""
-        ...
+    """Periodic schedules (`App.periodic`): one row per schedule name, holding its last tick as
+    Unix time (``now() - wall_offset()`` when it was due). No leader: every process's scheduler
+    calls `enqueue_tick`, and the row decides."""
 
     async def schedule_states(self, names: Sequence[str]) -> Mapping[str, ScheduleState]:
         """The stored state of each of `names` that has one (a schedule never ticked is absent).

@@ -260,6 +260,7 @@ class SqliteBackend:
         self.url = f"sqlite:///{path}"
         self._synchronous = synchronous
         self._clock = clock
+        self._wall_offset: float | None = None
         self._busy_timeout = busy_timeout
         self.outage_timeout = outage_timeout
         self._conn: sqlite3.Connection | None = None
@@ -281,6 +282,11 @@ class SqliteBackend:
 
     def now(self) -> float:
         return self._clock()
+
+    def wall_offset(self) -> float:
+        if self._wall_offset is None:
+            self._wall_offset = 0.0 if self._clock is time.time else self._clock() - time.time()
+        return self._wall_offset
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -967,9 +973,6 @@ class SqliteBackend:
         return counts_from_rows(rows)
 
     # -- ScheduleStore --
-
-    def unix_time(self) -> float:
-        return self.now()
 
     async def schedule_states(self, names: Sequence[str]) -> Mapping[str, ScheduleState]:
         wanted = list(names)

@@ -101,12 +101,13 @@ class Scheduler:
         closing: Callable[[], bool],
         clock: Callable[[], float] | None = None,
     ) -> None:
-        """`clock`: Unix time (default: the store's `unix_time`); tests pass a virtual one."""
+        """`clock`: Unix time (default: the store's ``now() - wall_offset()``, so virtual under
+        `MockClock`); tests pass one that starts at a chosen date."""
         self._store = store
         self._slots = [_Slot(s) for s in schedules if s.enabled]
         self._all = list(schedules)
         self._closing = closing
-        self._clock = clock or store.unix_time
+        self._clock = clock or (lambda: store.now() - store.wall_offset())
         self.started_at: float | None = None
 
     # -- the service --

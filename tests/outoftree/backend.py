@@ -57,6 +57,9 @@ class DelegatingBackend:
     def now(self) -> float:
         return self.inner.now()
 
+    def wall_offset(self) -> float:
+        return self.inner.wall_offset()
+
     async def open(self) -> None:
         await self._step()
         await self.inner.open()
@@ -119,9 +122,6 @@ class DelegatingBackend:
     def _schedules(self) -> ScheduleStore:
         assert isinstance(self.inner, ScheduleStore), f"{self.url}: the inner backend does not store schedules"
         return self.inner
-
-    def unix_time(self) -> float:
-        return self._schedules().unix_time()
 
     async def schedule_states(self, names: Sequence[str]) -> Mapping[str, ScheduleState]:
         await self._step()

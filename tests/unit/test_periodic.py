@@ -293,7 +293,7 @@ def test_the_packages_backends_all_store_schedules(tmp_path: Any) -> None:
     from nursery_jobs.backends.sqlite import SqliteBackend
 
     for cls in (nj.MemoryBackend, SqliteBackend, PostgresBackend):
-        assert all(callable(getattr(cls, m, None)) for m in ("unix_time", "schedule_states", "enqueue_tick")), cls
+        assert all(callable(getattr(cls, m, None)) for m in ("schedule_states", "enqueue_tick")), cls
     assert isinstance(nj.MemoryBackend(), nj.backends.ScheduleStore)
     assert isinstance(SqliteBackend(str(tmp_path / "j.db")), nj.backends.ScheduleStore)
 
@@ -305,7 +305,7 @@ class _NoSchedules:
         self._inner = nj.MemoryBackend()
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
-        if name in ("unix_time", "schedule_states", "enqueue_tick"):
+        if name in ("schedule_states", "enqueue_tick"):
             raise AttributeError(name)
         return getattr(self._inner, name)  # type: ignore[no-any-return]
 
