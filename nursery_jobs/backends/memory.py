@@ -335,7 +335,12 @@ class MemoryBackend:
             row.run_at = nxt.run_at
             self._move(row, q, nxt.state)
             self._push(row, q)
-            events.append(JobsAvailable(row.queue) if nxt.state is _A else JobsAvailable(row.queue, nxt.run_at))
+            if nxt.state is _A:
+                events.append(JobsAvailable(row.queue))
+            else:
+                events.append(JobsAvailable(row.queue, nxt.run_at))
+                if row.ckey is not None:
+                    events.append(JobsAvailable(row.queue))  # its slot is free
         self._emit_all(events)
 
     async def cancel(self, job_id: int) -> JobState:

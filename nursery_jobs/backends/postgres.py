@@ -762,6 +762,8 @@ class PostgresBackend:
                 events.append(JobsAvailable(queue))
             else:
                 events.append(JobsAvailable(queue, run_at))
+                if key is not None:
+                    events.append(JobsAvailable(queue))  # its slot is free
         self._emit(events)
 
     async def _notify(self, ids: list[int], queues: list[str], kind: str) -> None:

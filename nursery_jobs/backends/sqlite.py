@@ -601,6 +601,8 @@ class SqliteBackend:
                     (nxt.state.value, -nxt.attempt_delta, nxt.run_at, errors_text, nxt.failed, nxt.interrupted, out.job_id)
                 )
                 events.append(JobsAvailable(queue, None if nxt.state is JobState.AVAILABLE else nxt.run_at))
+                if key is not None and nxt.state is not JobState.AVAILABLE:
+                    events.append(JobsAvailable(queue))  # its slot is free
             if finals:
                 conn.executemany(
                     "UPDATE nj_jobs SET state = ?, finalized_at = ?, errors = ?, failed_attempts = failed_attempts + ?,"

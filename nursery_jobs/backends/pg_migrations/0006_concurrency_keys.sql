@@ -57,8 +57,13 @@ BEGIN
         PERFORM pg_advisory_xact_lock(space, c.h);
     END LOOP;
     IF p_max_running IS NOT NULL THEN
-        room := least(room, p_max_running - (SELECT count(*)::integer FROM {schema}.jobs j
-            WHERE j.queue = p_queue AND j.state = 'running'));
+        -- Through the rescuer's two indexes of running rows (migration 0004): running rows are
+        -- few, and no index of its own means no extra write per job.
+        room := least(room, p_max_running
+            - (SELECT count(*)::integer FROM {schema}.jobs j
+                WHERE j.state = 'running' AND j.heartbeat_at IS NOT NULL AND j.queue = p_queue)
+            - (SELECT count(*)::integer FROM {schema}.jobs j
+                WHERE j.state = 'running' AND j.heartbeat_at IS NULL AND j.queue = p_queue));
     END IF;
     IF room <= 0 THEN
         RETURN;
