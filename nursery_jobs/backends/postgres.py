@@ -1065,7 +1065,7 @@ _QUERIES: dict[str, sql.SQL] = {
         "  SELECT id, priority, run_at, concurrency_key FROM due d"
         "   WHERE d.concurrency_key IS NULL OR " + _KEY_FREE.format(t="d") + ") c"
         "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s),"
-        " direct AS (SELECT id FROM pick WHERE concurrency_key IS NULL AND NOT %(limited)s),"
+        " direct AS (SELECT id FROM pick WHERE concurrency_key IS NULL AND NOT %(limited)s::boolean),"
         " promoted AS (UPDATE {s}.jobs SET state = 'available'"
         "  WHERE id = ANY(ARRAY(SELECT id FROM due EXCEPT SELECT id FROM direct)) RETURNING 1),"
         " claimed AS ("
@@ -1078,13 +1078,13 @@ _QUERIES: dict[str, sql.SQL] = {
         " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
         "  (SELECT min(run_at) FROM {s}.jobs WHERE queue = %(queue)s"
         "   AND state IN ('scheduled', 'retryable') AND run_at > %(now)s),"
-        "  ARRAY(SELECT id FROM pick WHERE concurrency_key IS NOT NULL OR %(limited)s)"
+        "  ARRAY(SELECT id FROM pick WHERE concurrency_key IS NOT NULL OR %(limited)s::boolean)"
     ),
     # The jobs the claim held back for the limits (keyed, or all under a global limit), claimed
     # under the limits' locks (migration 0006).
     "claim_held": sql.SQL(
         "SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at"
-        " FROM {s}.claim_held(%(ids)s::bigint[], %(queue)s, %(want)s, %(max_running)s, %(now)s)"
+        " FROM {s}.claim_held(%(ids)s::bigint[], %(queue)s::text, %(want)s::int, %(max_running)s::int, %(now)s::float8)"
     ),
     # Driven by the primary key from the outcome list: the only index whose predicate the
     # WHERE implies is jobs_pkey (migration 0004), so no plan can loop the outcomes against the
