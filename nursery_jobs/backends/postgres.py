@@ -688,7 +688,7 @@ class PostgresBackend:
         if limit <= 0:
             return ClaimResult([], None)
         now = self.now()
-        q, q_held = self._q["claim"], self._q["claim_held"]
+        q, q_held = self._q["claim_limited" if max_running is not None else "claim"], self._q["claim_held"]
         limited = max_running is not None
 
         async def body(conn: TrioConnection) -> ClaimResult:
@@ -699,7 +699,7 @@ class PostgresBackend:
             # passes over them. (Under a global limit, a short claim means the queue is full.)
             for _ in range(3):
                 want = limit - len(jobs)
-                rows = await _all(conn, q, {"now": now, "queue": queue, "limit": want, "limited": limited})
+                rows = await _all(conn, q, {"now": now, "queue": queue, "limit": want})
                 held: list[int] = []
                 for r in rows:
                     if r[0] is None:
@@ -990,6 +990,44 @@ _KEEP_ERRORS = f"'$[last-{MAX_ERRORS_KEPT - 1} to last]'"
 """The jsonpath that keeps the last `MAX_ERRORS_KEPT` entries of a job's error list."""
 
 
+def _claim_sql(*, limited: bool) -> str:
+    """The claim statement (see the comment above `_QUERIES["claim"]`): without a global limit
+    the picked jobs with no key are claimed here and the keyed ones held for `claim_held`; with
+    one, every picked job is held."""
+    direct = (
+        " direct AS (SELECT id FROM pick WHERE false),"
+        if limited
+        else " direct AS (SELECT id FROM pick WHERE concurrency_key IS NULL),"
+    )
+    held = "  ARRAY(SELECT id FROM pick)" if limited else "  ARRAY(SELECT id FROM pick WHERE concurrency_key IS NOT NULL)"
+    return (
+        "WITH due AS (SELECT id, priority, run_at, concurrency_key, max_concurrent FROM {s}.jobs WHERE queue = %(queue)s"
+        "  AND state IN ('scheduled', 'retryable') AND run_at <= %(now)s"
+        "  ORDER BY run_at, id LIMIT " + str(_PROMOTE_AT_ONCE) + " FOR UPDATE SKIP LOCKED),"
+        " avail AS (SELECT id, priority, run_at, concurrency_key FROM {s}.jobs a WHERE queue = %(queue)s"
+        "  AND state = 'available' AND run_at <= %(now)s AND (a.concurrency_key IS NULL OR " + _KEY_FREE.format(t="a") + ")"
+        "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
+        " pick AS (SELECT id, concurrency_key FROM (SELECT * FROM avail UNION ALL"
+        "  SELECT id, priority, run_at, concurrency_key FROM due d"
+        "   WHERE d.concurrency_key IS NULL OR " + _KEY_FREE.format(t="d") + ") c"
+        "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s),"
+        + direct
+        + " promoted AS (UPDATE {s}.jobs SET state = 'available'"
+        "  WHERE id = ANY(ARRAY(SELECT id FROM due EXCEPT SELECT id FROM direct)) RETURNING 1),"
+        " claimed AS ("
+        " UPDATE {s}.jobs SET state = 'running', attempt = attempt + 1, attempted_at = %(now)s,"
+        "  heartbeat_at = %(now)s"
+        " WHERE id = ANY(ARRAY(SELECT id FROM direct))"
+        " RETURNING id, kind, queue, args, attempt, max_attempts, priority, run_at)"
+        " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, NULL::bigint[] FROM claimed"
+        " UNION ALL"
+        " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+        "  (SELECT min(run_at) FROM {s}.jobs WHERE queue = %(queue)s"
+        "   AND state IN ('scheduled', 'retryable') AND run_at > %(now)s),"
+        + held
+    )
+
+
 _QUERIES: dict[str, sql.SQL] = {
     "insert_many": sql.SQL(
         "WITH ins AS ("
@@ -1054,32 +1092,14 @@ _QUERIES: dict[str, sql.SQL] = {
     # in the primary key and no join: as `id IN (SELECT ...)`, a generic plan made while the
     # table was empty (analyzed after a drain, or on a fresh deploy) joined the picked ids
     # against a full scan of the primary key, ~0.3 s per claim once 10,000 jobs had arrived.
-    "claim": sql.SQL(
-        "WITH due AS (SELECT id, priority, run_at, concurrency_key, max_concurrent FROM {s}.jobs WHERE queue = %(queue)s"
-        "  AND state IN ('scheduled', 'retryable') AND run_at <= %(now)s"
-        "  ORDER BY run_at, id LIMIT " + str(_PROMOTE_AT_ONCE) + " FOR UPDATE SKIP LOCKED),"
-        " avail AS (SELECT id, priority, run_at, concurrency_key FROM {s}.jobs a WHERE queue = %(queue)s"
-        "  AND state = 'available' AND run_at <= %(now)s AND (a.concurrency_key IS NULL OR " + _KEY_FREE.format(t="a") + ")"
-        "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
-        " pick AS (SELECT id, concurrency_key FROM (SELECT * FROM avail UNION ALL"
-        "  SELECT id, priority, run_at, concurrency_key FROM due d"
-        "   WHERE d.concurrency_key IS NULL OR " + _KEY_FREE.format(t="d") + ") c"
-        "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s),"
-        " direct AS (SELECT id FROM pick WHERE concurrency_key IS NULL AND NOT %(limited)s::boolean),"
-        " promoted AS (UPDATE {s}.jobs SET state = 'available'"
-        "  WHERE id = ANY(ARRAY(SELECT id FROM due EXCEPT SELECT id FROM direct)) RETURNING 1),"
-        " claimed AS ("
-        " UPDATE {s}.jobs SET state = 'running', attempt = attempt + 1, attempted_at = %(now)s,"
-        "  heartbeat_at = %(now)s"
-        " WHERE id = ANY(ARRAY(SELECT id FROM direct))"
-        " RETURNING id, kind, queue, args, attempt, max_attempts, priority, run_at)"
-        " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, NULL::bigint[] FROM claimed"
-        " UNION ALL"
-        " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
-        "  (SELECT min(run_at) FROM {s}.jobs WHERE queue = %(queue)s"
-        "   AND state IN ('scheduled', 'retryable') AND run_at > %(now)s),"
-        "  ARRAY(SELECT id FROM pick WHERE concurrency_key IS NOT NULL OR %(limited)s::boolean)"
-    ),
+    # Concurrency keys (migration 0006): both scans pass over a keyed job whose key is at its
+    # limit as this statement's snapshot sees it (`_KEY_FREE`, a probe of `jobs_running_key`), so
+    # a busy key holds back nothing behind it; keyed jobs picked are not claimed here but held
+    # (the last row's array) for `claim_held`, which decides under the keys' locks.
+    "claim": sql.SQL(_claim_sql(limited=False)),
+    # Under a queue's global limit: every job picked is held for `claim_held`, which counts the
+    # queue's running jobs under the queue's lock.
+    "claim_limited": sql.SQL(_claim_sql(limited=True)),
     # The jobs the claim held back for the limits (keyed, or all under a global limit), claimed
     # under the limits' locks (migration 0006).
     "claim_held": sql.SQL(

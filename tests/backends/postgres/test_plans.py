@@ -137,7 +137,7 @@ def _statements(schema: str, running: list[int]) -> dict[str, list[Any]]:
     ids = running[:OUTCOMES]
     n = len(ids)
     return {
-        "claim": {"now": 1e12, "queue": "q", "limit": 100, "limited": False},
+        "claim": {"now": 1e12, "queue": "q", "limit": 100},
         "finish": {
             "ids": "{" + ",".join(map(str, ids)) + "}",
             "attempts": "{" + ",".join(["1"] * n) + "}",
@@ -300,7 +300,7 @@ def test_the_claim_reads_its_own_index_on_a_table_never_analyzed(pg_url: str) ->
                 " SELECT 'noop', 'default', '{{}}', 'available', 25, 0, g, g FROM generate_series(1, 50000) g"
             ).format(jobs)
         )
-        plan = explain_generic(fresh.conn, "claim", fresh.schema, {"now": 1e12, "queue": "default", "limit": 10, "limited": False})
+        plan = explain_generic(fresh.conn, "claim", fresh.schema, {"now": 1e12, "queue": "default", "limit": 10})
         nodes = list(_walk(plan["Plan"]))
         used = {n["Index Name"] for n in nodes if "Index Name" in n}
         read = [(n["Node Type"], n.get("Index Name"), n["Actual Rows"]) for n in nodes if n.get("Relation Name") == "jobs"]
@@ -335,9 +335,9 @@ def test_the_claim_with_concurrency_keys_keeps_its_plan(pg_url: str, size: int) 
         for fresh in (False, True):
             if fresh:
                 keyed.analyze()
-            for limited in (False, True):
-                args = {"now": 1e12, "queue": "q", "limit": 100, "limited": limited}
-                _check("claim", explain_generic(keyed.conn, "claim", keyed.schema, args), max(size, 100_000))
+            for name in ("claim", "claim_limited"):
+                args = {"now": 1e12, "queue": "q", "limit": 100}
+                _check("claim", explain_generic(keyed.conn, name, keyed.schema, args), max(size, 100_000))
             held = {"ids": "{" + ",".join(map(str, ids)) + "}", "queue": "q", "want": 100, "max_running": None, "now": 1e12}
             plan = explain_generic(keyed.conn, "claim_held", keyed.schema, held)
             buffers = plan["Plan"].get("Shared Hit Blocks", 0) + plan["Plan"].get("Shared Read Blocks", 0)
