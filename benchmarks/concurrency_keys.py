@@ -151,11 +151,9 @@ def pg_fill(url: str, n: int, keys: int | None) -> None:
 def sqlite_fill(path: str, n: int, keys: int | None) -> None:
     import sqlite3
 
-    from nursery_jobs.backends.sqlite import SqliteBackend
-
     for suffix in ("", "-wal", "-shm"):
         Path(path + suffix).unlink(missing_ok=True)
-    trio.run(_open_close, SqliteBackend(path))  # creates the schema
+    nj.run(_nothing, app=nj.App(), backend=f"sqlite:///{path}", queues=[])  # creates the schema
     now = time.time() - 60
     with sqlite3.connect(path) as conn:
         rows = [
@@ -172,9 +170,8 @@ def sqlite_fill(path: str, n: int, keys: int | None) -> None:
     conn.close()
 
 
-async def _open_close(backend: Any) -> None:
-    await backend.open()
-    await backend.close()
+async def _nothing(rt: nj.Runtime) -> None:
+    return None
 
 
 def memory_jobs(n: int, keys: int | None) -> list[NewJob]:
@@ -202,14 +199,14 @@ def drain(backend: str, target: str, s: Sizes, keys: int | None) -> tuple[float,
         memory = nj.MemoryBackend()
         where = memory
 
-    async def main() -> None:
-        if memory is not None:
-            await memory.insert_many(memory_jobs(s.jobs, keys))
-        async with nj.open_runtime(app, backend=where, grace=0.0):
-            with trio.fail_after(600):
-                await box[0].done.wait()
+    if memory is not None:
+        nj.run(lambda rt: memory.insert_many(memory_jobs(s.jobs, keys)), app=nj.App(), backend=memory, queues=[])
 
-    trio.run(main)
+    async def main(rt: nj.Runtime) -> None:
+        with trio.fail_after(600):
+            await box[0].done.wait()
+
+    nj.run(main, app=app, backend=where, grace=0.0)
     b = box[0]
     return measured / max(b.last - b.first, 1e-9), b.worst
 
@@ -228,25 +225,25 @@ def latency(backend: str, target: str, s: Sizes, keyed: bool) -> list[float]:
     else:
         where = "memory://"
 
-    async def main() -> list[float]:
+    async def main(rt: nj.Runtime) -> list[float]:
         out: list[float] = []
-        async with nj.open_runtime(app, backend=where, grace=0.0) as rt:
-            await trio.sleep(0.1)
-            for i in range(s.probes + 3):
-                await trio.sleep(0.005)
-                t0 = time.perf_counter()
-                if keyed:
-                    job_id = await rt.enqueue("keyed", {"key": f"probe{i}"})
-                else:
-                    job_id = await rt.enqueue("plain")
-                receipt = await rt.wait(job_id, timeout=5.0)
-                if not receipt.done:
-                    raise RuntimeError(f"probe {job_id} did not finish within 5 s")
-                if i >= 3:  # the first ones warm the connections
-                    out.append(box[0].started.pop(job_id) - t0)
+        await trio.sleep(0.1)
+        for i in range(s.probes + 3):
+            await trio.sleep(0.005)
+            t0 = time.perf_counter()
+            if keyed:
+                job_id = await rt.enqueue("keyed", {"key": f"probe{i}"})
+            else:
+                job_id = await rt.enqueue("plain")
+            receipt = await rt.wait(job_id, timeout=5.0)
+            if not receipt.done:
+                raise RuntimeError(f"probe {job_id} did not finish within 5 s")
+            if i >= 3:  # the first ones warm the connections
+                out.append(box[0].started.pop(job_id) - t0)
         return out
 
-    return trio.run(main)
+    result: list[float] = nj.run(main, app=app, backend=where, grace=0.0)
+    return result
 
 
 # -- the run --

@@ -1,6 +1,8 @@
 """Per-key and per-queue limits end to end: the runtime runs at most `max_concurrent` jobs of a
 key and `global_max_workers` of a queue at once, a busy key never delays another, and a freed
-slot starts the key's next job at once (a wake-up, not a poll: the stores here poll every 60 s)."""
+slot starts the key's next job by a wake-up, not a poll: the stores here poll every 60 s, so a
+missed wake-up shows as a gap of a minute. (Gaps are bounded, not exact: on a loaded machine a
+slow database call lets virtual time jump to the next timer, a heartbeat or the rescuer's tick.)"""
 
 from __future__ import annotations
 
@@ -43,8 +45,9 @@ async def test_one_endpoint_at_a_time_and_a_slow_endpoint_delays_no_other(make_b
         stats = (await rt.stats())["webhook"]
     assert peak == {0: 1, 1: 1, 2: 1, 3: 1}
     assert order == {e: list(range(5 if e == 0 else 3)) for e in range(4)}  # enqueue order per key
-    assert fast_done < 4  # three 1 s jobs in a row per endpoint, none behind the slow one
-    assert [round(t - t0) for t in started[0]] == [0, 10, 20, 30, 40]  # each starts as the last ends
+    assert fast_done < started[0][-1] - t0  # none waited behind the slow endpoint's backlog
+    gaps = [b - a - 10 for a, b in zip(started[0], started[0][1:])]
+    assert all(0 <= gap < 30 for gap in gaps), gaps  # each starts once the last ended, woken
     assert stats.failed == 0 and stats.completed == 14
 
 
@@ -77,19 +80,23 @@ async def test_global_max_workers_bounds_the_queue_across_runtimes(store, autoju
 async def test_global_max_workers_in_one_runtime_starts_the_next_job_as_one_ends(make_backend, autojump_clock) -> None:
     app = nj.App()
     app.queue("q", max_workers=5, timeout=30, global_max_workers=2)
-    starts: list[float] = []
+    spans: list[tuple[float, float]] = []
 
     @app.job(queue="q")
     async def unit(ctx: nj.JobContext, n: int) -> None:
-        starts.append(trio.current_time())
+        start = trio.current_time()
         await trio.sleep(1)
+        spans.append((start, trio.current_time()))
 
     async with nj.open_runtime(app, backend=make_backend(), grace=0) as rt:
-        t0 = trio.current_time()
         ids = await unit.enqueue_many([{"n": n} for n in range(6)])
         for job_id in ids:
-            assert (await rt.wait(job_id, timeout=30)).state is nj.JobState.COMPLETED
-    assert [round(t - t0) for t in starts] == [0, 0, 1, 1, 2, 2]
+            assert (await rt.wait(job_id, timeout=300)).state is nj.JobState.COMPLETED
+    spans.sort()
+    assert max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans) == 2  # never 3 at once
+    ends = sorted(b for _, b in spans)
+    waits = [start - ends[i] for i, (start, _) in enumerate(spans[2:])]  # the i-th end freed a slot
+    assert all(0 <= w < 30 for w in waits), waits
 
 
 async def test_a_key_function_that_raises_is_an_args_error_naming_the_kind(make_backend, autojump_clock) -> None:
