@@ -689,15 +689,16 @@ class PostgresBackend:
             return ClaimResult([], None)
         now = self.now()
         q, q_held = self._q["claim_limited" if max_running is not None else "claim"], self._q["claim_held"]
-        limited = max_running is not None
 
         async def body(conn: TrioConnection) -> ClaimResult:
             next_due = None
             jobs: list[tuple[Any, ...]] = []
-            # A claim whose held jobs were taken meanwhile by a concurrent claim of their key
-            # looks again, at most twice: the next look sees those keys' new running rows and
-            # passes over them. (Under a global limit, a short claim means the queue is full.)
-            for _ in range(3):
+            # The claim statement picks at most `want` jobs, and the limits may refuse some of
+            # them (several of one key), or a concurrent claim may have taken them (`lost`):
+            # then it looks again, and the next look passes over the keys now full, so a key's
+            # backlog never keeps the claim from other keys' jobs (no head-of-line blocking).
+            # That look reads past the full keys' due jobs: its cost grows with their backlog.
+            for _ in range(_CLAIM_LOOKS):
                 want = limit - len(jobs)
                 rows = await _all(conn, q, {"now": now, "queue": queue, "limit": want})
                 held: list[int] = []
@@ -712,9 +713,12 @@ class PostgresBackend:
                 got = await _all(
                     conn, q_held, {"ids": held, "queue": queue, "want": want, "max_running": max_running, "now": now}
                 )
-                jobs += got
-                if limited or len(got) == min(want, len(held)) or len(jobs) >= limit:
-                    break
+                taken = [r for r in got if r[0] is not None]
+                jobs += taken
+                if len(jobs) >= limit or len(taken) == len(held):
+                    break  # room filled, or every job held was claimed: nothing was passed over
+                if max_running is not None and not (got and got[0][8]):
+                    break  # the queue is full: nothing more may start
             jobs.sort(key=lambda r: (-r[6], r[7], r[0]))
             return ClaimResult([ClaimedJob(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in jobs], next_due)
 
@@ -979,6 +983,10 @@ _PROMOTE_AT_ONCE = 1000
 """A claim looks at (and makes `available`) at most this many scheduled/retryable jobs that
 came due, oldest first (see the claim statement)."""
 
+_CLAIM_LOOKS = 4
+"""Claim statements (each with its `claim_held`) one claim runs at most, when the limits refused
+jobs it picked: each look passes over the keys the looks before it filled."""
+
 _KEY_FREE = (
     "(SELECT count(*) FROM {{s}}.jobs r WHERE r.state = 'running' AND r.concurrency_key = {t}.concurrency_key)"
     " < coalesce({t}.max_concurrent, 1)"
@@ -1103,7 +1111,7 @@ _QUERIES: dict[str, sql.SQL] = {
     # The jobs the claim held back for the limits (keyed, or all under a global limit), claimed
     # under the limits' locks (migration 0006).
     "claim_held": sql.SQL(
-        "SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at"
+        "SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, lost"
         " FROM {s}.claim_held(%(ids)s::bigint[], %(queue)s::text, %(want)s::int, %(max_running)s::int, %(now)s::float8)"
     ),
     # Driven by the primary key from the outcome list: the only index whose predicate the

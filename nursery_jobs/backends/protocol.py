@@ -16,9 +16,12 @@ Capabilities:
   the backend's own background service.
 - `Backend` = both: what `open_runtime` needs.
 - `TransactionalEnqueue`: enqueue inside the caller's own database transaction (PostgreSQL).
-- Coming capabilities (per-key leases, locks, the outbox, admin queries for the CLI and the
-  dashboard) are protocols of their own beside these, so a backend without them still works
-  and says so by not implementing them.
+- Per-key and per-queue concurrency limits are part of `claim` (a job carries its key and
+  limit from `insert_many`; `claim` takes the queue's `max_running`): every backend enforces
+  them, since a backend that ignored them would break the guarantee silently.
+- Coming capabilities (locks, the outbox, admin queries for the CLI and the dashboard) are
+  protocols of their own beside these, so a backend without them still works and says so by not
+  implementing them.
 
 Events are delivered to every listener, in order, synchronously, without blocking the backend.
 An event that comes from outside the process (a PostgreSQL notification, an SQLite wake-up

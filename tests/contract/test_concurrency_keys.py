@@ -54,6 +54,15 @@ async def test_a_busy_key_holds_back_no_other_key_and_no_unkeyed_job(make_backen
     assert got == [[busy[0]], [other[0]], [other[1]], [other[2]], []]
 
 
+async def test_a_free_key_with_a_backlog_does_not_fill_a_claim_with_jobs_it_cannot_start(make_backend, autojump_clock) -> None:
+    """The key's first job starts, and the same claim goes on past the rest of its backlog."""
+    async with opened(make_backend) as backend:
+        backlog = [r.id for r in await backend.insert_many([keyed("k") for _ in range(10)])]
+        (other,) = [r.id for r in await backend.insert_many([keyed("j")])]
+        got = await ids_of(backend, 4)
+    assert got == [backlog[0], other]
+
+
 async def test_a_job_of_a_full_key_in_a_batch_is_passed_over_within_one_claim(make_backend, autojump_clock) -> None:
     async with opened(make_backend) as backend:
         ids = [r.id for r in await backend.insert_many([keyed("a"), keyed("a"), keyed("b"), keyed("a"), keyed("b")])]

@@ -14,7 +14,10 @@
 --   2. only then reads the running counts, in a new statement and so a new snapshot, which sees
 --      every claim of those keys committed before the locks were granted (a claim of the key
 --      holds its lock until it commits);
---   3. applies `transitions.admit` to the candidates in claim order and claims what it admits.
+--   3. applies `transitions.admit` to the candidates in claim order and claims what it admits,
+--      each row with the number of candidates it found taken or gone meanwhile (`lost`: the
+--      caller looks again for those, not for the ones the limits refused; a lone row with a
+--      NULL id carries it when nothing was claimed).
 -- A job leaving `running` needs no lock: a claimer that does not see it leave yet admits less,
 -- never more. Keys that collide in the 32-bit hash only share a lock, never a count.
 --
@@ -31,7 +34,7 @@ CREATE FUNCTION {schema}.claim_held(
     p_ids bigint[], p_queue text, p_want integer, p_max_running integer, p_now double precision
 ) RETURNS TABLE (
     id bigint, kind text, queue text, args text, attempt integer, max_attempts integer, priority integer,
-    run_at double precision
+    run_at double precision, lost integer
 ) LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
@@ -41,6 +44,8 @@ DECLARE
     counts integer[] := ARRAY[]::integer[];
     picked bigint[] := ARRAY[]::bigint[];
     room integer := p_want;
+    seen integer := 0;
+    gone integer := 0;
     i integer;
 BEGIN
     -- Each statement below must see what committed before it: READ COMMITTED's fresh snapshot
@@ -73,6 +78,7 @@ BEGIN
             AND j.run_at <= p_now
         ORDER BY j.priority DESC, j.run_at, j.id FOR UPDATE SKIP LOCKED
     LOOP
+        seen := seen + 1;
         IF c.concurrency_key IS NOT NULL THEN
             i := array_position(keys, c.concurrency_key);
             IF i IS NULL THEN
@@ -87,9 +93,16 @@ BEGIN
         picked := picked || c.id;
         EXIT WHEN cardinality(picked) >= room;
     END LOOP;
+    IF cardinality(picked) < room THEN
+        gone := cardinality(p_ids) - seen;  -- claimed, locked or ended by others since the pick
+    END IF;
     RETURN QUERY UPDATE {schema}.jobs j SET state = 'running', attempt = j.attempt + 1, attempted_at = p_now,
         heartbeat_at = p_now
         WHERE j.id = ANY(picked)
-        RETURNING j.id, j.kind, j.queue, j.args, j.attempt, j.max_attempts, j.priority, j.run_at;
+        RETURNING j.id, j.kind, j.queue, j.args, j.attempt, j.max_attempts, j.priority, j.run_at, gone;
+    IF cardinality(picked) = 0 AND gone > 0 THEN
+        RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::integer, NULL::integer,
+            NULL::integer, NULL::double precision, gone;
+    END IF;
 END
 $$;
