@@ -24,10 +24,20 @@ from .app import App, JobKind
 from .backends import Backend, open_backend
 from .backends.memory import MemoryBackend
 from .config import QueueConfig, RetryPolicy, RuntimeSettings
-from .errors import ArgsError, BackendError, BackendUnavailable, ConfigError, JobNotFound, NurseryJobsError, RuntimeClosed, UnknownJob
+from .errors import (
+    ArgsError,
+    BackendError,
+    BackendUnavailable,
+    ConfigError,
+    JobNotFound,
+    NurseryJobsError,
+    ResourceError,
+    RuntimeClosed,
+    UnknownJob,
+)
 from .infra.threads import run_blocking
-from .jobs import Discard, Job, JobContext, JobError, JobId, JobState, Receipt, Snooze
-from .client import QueueStats
+from .jobs import Discard, Job, JobContext, JobError, JobId, JobState, Receipt, Resource, Resources, Snooze
+from .client import Client, QueueStats
 from .runtime import Runtime, open_runtime, run
 
 __all__ = [
@@ -36,6 +46,7 @@ __all__ = [
     "Backend",
     "BackendError",
     "BackendUnavailable",
+    "Client",
     "ConfigError",
     "Discard",
     "Job",
@@ -50,6 +61,9 @@ __all__ = [
     "QueueConfig",
     "QueueStats",
     "Receipt",
+    "Resource",
+    "ResourceError",
+    "Resources",
     "RetryPolicy",
     "Runtime",
     "RuntimeClosed",

@@ -1,5 +1,6 @@
-"""The context's client and job: for `JobKind.enqueue` and for the blocked-loop watchdog, which
-asks which job a task's step belonged to.
+"""The context's client, resources and job: for `JobKind.enqueue`, for `ctx.client` and
+`ctx.resources`, and for the blocked-loop watchdog, which asks which job a task's step belonged
+to.
 
 ContextVars only, and the small protocol the client meets (`Enqueuer`), so that this bottom
 module never imports the layers that set them.
@@ -14,6 +15,7 @@ import trio
 
 from .errors import RuntimeClosed
 from .infra.watchdog import Culprit
+from .jobs import Resources
 
 if TYPE_CHECKING:
     from .backends.protocol import ClaimedJob, NewJob
@@ -46,6 +48,13 @@ def get_enqueuer(what: str) -> Enqueuer:
             "`async with nursery_jobs.open_runtime(app) as rt:` (or from a job), or use rt directly"
         )
     return client
+
+
+current_resources: contextvars.ContextVar[Resources] = contextvars.ContextVar(
+    "nursery_jobs.current_resources", default=Resources({})
+)
+"""The open resources of the runtime this task runs under (set by `open_runtime` before any
+queue starts, so every worker and job inherits it)."""
 
 
 current_job_id: contextvars.ContextVar[int | None] = contextvars.ContextVar("nursery_jobs.current_job_id", default=None)

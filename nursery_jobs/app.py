@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections import abc
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generic, Iterable, Mapping, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, Mapping, ParamSpec, TypeVar
 
 import attrs
 
@@ -27,7 +27,7 @@ from .config import (
     check_unique_key,
 )
 from .errors import ArgsError, ConfigError, UnknownJob
-from .jobs import encode_args
+from .jobs import Resource, Resources, encode_args
 
 if TYPE_CHECKING:
     from .jobs import JobContext, JobId
@@ -36,6 +36,7 @@ __all__ = ["App", "EnqueueOptions", "JobKind"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 Handler = Callable[..., Awaitable[Any]]
 Middleware = Callable[["JobContext", Callable[["JobContext"], Awaitable[Any]]], Awaitable[Any]]
@@ -276,6 +277,7 @@ class App:
         self.retry = RetryPolicy()
         self._middleware: list[Middleware] = []
         """Run around every attempt, outermost first (see `execution.attempt.KindRunner`)."""
+        self._resources: dict[str, Resource[Any]] = {}
 
     @property
     def queues(self) -> Mapping[str, QueueConfig]:
@@ -284,6 +286,56 @@ class App:
     @property
     def kinds(self) -> Mapping[str, JobKind[Any, Any]]:
         return dict(self._kinds)
+
+    @property
+    def resources(self) -> Mapping[str, Resource[Any]]:
+        """The declared resources, in declaration order (the order they open in)."""
+        return dict(self._resources)
+
+    def resource(self, fn: Callable[[], AsyncIterator[T]]) -> Resource[T]:
+        """Declare a resource the jobs share: ``@app.resource`` on an async generator function
+        that takes no argument and yields the value once::
+
+            @app.resource
+            async def http() -> AsyncIterator[httpx.AsyncClient]:
+                async with httpx.AsyncClient() as client:
+                    yield client
+
+        The runtime opens every resource before any queue starts, in declaration order, and
+        closes them in reverse order after the last attempt has ended (after the grace and the
+        unwinding); each open and each close is bounded by `RuntimeSettings.resource_bound`.
+        Handlers read ``ctx.resources.http`` or, typed, ``ctx.resources[http]`` with the
+        `Resource` handle returned here. Raises `ConfigError` for a function that is not an
+        async generator function, takes arguments, or repeats a resource's name.
+        """
+        label = getattr(fn, "__qualname__", fn)
+        if not inspect.isasyncgenfunction(fn):
+            raise ConfigError(
+                f"resource {label!r} must be an async generator function that yields its value once: "
+                "`async def http(): async with httpx.AsyncClient() as client: yield client`"
+            )
+        name = getattr(fn, "__name__", "")
+        if not name.isidentifier() or name.startswith("_") or hasattr(Resources, name):
+            raise ConfigError(
+                f"resource name {name!r} cannot be read as ctx.resources.{name}: name the function "
+                "with a public identifier that is not a method of a mapping (keys, get, items, values)"
+            )
+        if name in self._resources:
+            raise ConfigError(f"resource {name!r} is declared twice; declare each resource once")
+        required = [
+            p.name
+            for p in inspect.signature(fn).parameters.values()
+            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+        if required:
+            raise ConfigError(
+                f"resource {name!r} must take no arguments (it takes {required}); read settings from "
+                "the environment or a module-level value, or replace it in tests with "
+                "open_runtime(app, resources={...})"
+            )
+        handle: Resource[T] = Resource(name, fn)
+        self._resources[name] = handle
+        return handle
 
     def queue(
         self,

@@ -13,6 +13,7 @@ __all__ = [
     "ConfigError",
     "JobNotFound",
     "NurseryJobsError",
+    "ResourceError",
     "RuntimeClosed",
     "UnknownJob",
 ]
@@ -60,3 +61,14 @@ class BackendError(NurseryJobsError, RuntimeError):
 
 class RuntimeClosed(NurseryJobsError, RuntimeError):
     """The runtime is shutting down or closed, or there is no runtime in this context."""
+
+
+class ResourceError(NurseryJobsError, RuntimeError):
+    """A resource declared with `@app.resource` failed to open, or to close.
+
+    At start-up the message names the resource that did not open (an error from its code, or no
+    value within `resource_bound`); the runtime claims no job, closes the resources it had opened
+    and raises it from `open_runtime`. At shutdown, a resource whose close raised or did not end
+    within `resource_bound` is logged when it happens and raised after every other resource has
+    closed. The resource's own error is the `__cause__`.
+    """

@@ -26,11 +26,12 @@ from typing import Any, Awaitable, Callable, Iterator, NamedTuple
 
 import trio
 
+from .._context import current_resources, get_enqueuer
 from ..app import JobKind, Middleware
 from ..backends import ClaimedJob, Outcome, OutcomeKind
 from ..backends.transitions import on_failure
 from ..config import RetryPolicy
-from ..jobs import Discard, JobContext, JobError, Snooze, clean_text, describe_exception, format_traceback
+from ..jobs import Discard, JobContext, JobError, Resources, Snooze, clean_text, describe_exception, format_traceback
 
 __all__ = ["Attempt", "AttemptRegistry", "KindRunner", "Middleware", "decide", "process_exit"]
 
@@ -56,6 +57,15 @@ class Attempt:
 
     def open_children(self) -> Any:
         return self._children(self.job)
+
+    @property
+    def resources(self) -> Resources:
+        # Read when a handler asks, not per attempt: most handlers never do.
+        return current_resources.get()
+
+    @property
+    def client(self) -> Any:
+        return get_enqueuer("ctx.client")
 
     def cancel(self, reason: str) -> None:
         if self.reason is None:
