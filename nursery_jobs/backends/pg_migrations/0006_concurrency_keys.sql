@@ -56,11 +56,15 @@ BEGIN
     IF p_max_running IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(space, hashtext('queue ' || p_queue));
     END IF;
-    FOR c IN SELECT DISTINCT hashtext('key ' || j.concurrency_key) AS h FROM {schema}.jobs j
-        WHERE j.id = ANY(p_ids) AND j.concurrency_key IS NOT NULL ORDER BY 1
-    LOOP
-        PERFORM pg_advisory_xact_lock(space, c.h);
-    END LOOP;
+    -- One lock per key, taken in hash order (every claimer takes its keys in the same order,
+    -- so none waits on another in a circle), then each key's running count in one read.
+    SELECT array_agg(k ORDER BY h) INTO keys FROM (
+        SELECT k, h, pg_advisory_xact_lock(space, h) FROM (
+            SELECT DISTINCT j.concurrency_key AS k, hashtext('key ' || j.concurrency_key) AS h
+            FROM {schema}.jobs j WHERE j.id = ANY(p_ids) AND j.concurrency_key IS NOT NULL ORDER BY 2, 1
+        ) sorted
+    ) locked;
+    keys := coalesce(keys, ARRAY[]::text[]);
     IF p_max_running IS NOT NULL THEN
         -- Through the rescuer's two indexes of running rows (migration 0004): running rows are
         -- few, and no index of its own means no extra write per job.
@@ -73,6 +77,9 @@ BEGIN
     IF room <= 0 THEN
         RETURN;
     END IF;
+    SELECT coalesce(array_agg((SELECT count(*)::integer FROM {schema}.jobs r
+            WHERE r.state = 'running' AND r.concurrency_key = u.k) ORDER BY u.o), ARRAY[]::integer[])
+        INTO counts FROM unnest(keys) WITH ORDINALITY AS u(k, o);
     FOR c IN SELECT j.id, j.concurrency_key, j.max_concurrent FROM {schema}.jobs j
         WHERE j.id = ANY(p_ids) AND j.queue = p_queue AND j.state IN ('available', 'scheduled', 'retryable')
             AND j.run_at <= p_now
@@ -81,12 +88,6 @@ BEGIN
         seen := seen + 1;
         IF c.concurrency_key IS NOT NULL THEN
             i := array_position(keys, c.concurrency_key);
-            IF i IS NULL THEN
-                keys := keys || c.concurrency_key;
-                counts := counts || (SELECT count(*)::integer FROM {schema}.jobs r
-                    WHERE r.state = 'running' AND r.concurrency_key = c.concurrency_key);
-                i := cardinality(keys);
-            END IF;
             CONTINUE WHEN counts[i] >= coalesce(c.max_concurrent, 1);
             counts[i] := counts[i] + 1;
         END IF;
