@@ -281,10 +281,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: only proves the script runs")
     parser.add_argument("--backends", default=None, help="comma-separated subset of postgres,sqlite,memory")
+    parser.add_argument("--keys", default=None, help="comma-separated numbers of distinct keys (default 1,10,1000,100000)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per number of keys (default 2)")
     args = parser.parse_args(argv)
     s = QUICK if args.quick else Sizes()
     if args.backends:
         s = attrs.evolve(s, backends=tuple(b.strip() for b in args.backends.split(",")))
+    if args.keys:
+        s = attrs.evolve(s, keys=tuple(int(k) for k in args.keys.split(",")))
+    if args.rounds:
+        s = attrs.evolve(s, rounds=args.rounds)
     print(f"per-key concurrency: {s.jobs:,} jobs pre-filled, {s.workers} workers, keys {s.keys}, {s.rounds} round(s)")
     rows: list[list[str]] = []
     started = time.perf_counter()
