@@ -20,6 +20,9 @@ is still running when the grace period ends.
     nj.run(main, app=app)
 """
 
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
+
 from .app import App, JobKind
 from .backends import Backend, open_backend
 from .backends.memory import MemoryBackend
@@ -39,6 +42,9 @@ from .infra.threads import run_blocking
 from .jobs import Discard, Job, JobContext, JobError, JobId, JobState, Receipt, Resource, Resources, Snooze
 from .client import Client, QueueStats
 from .runtime import Runtime, open_runtime, run
+
+if _TYPE_CHECKING:
+    from . import testing as testing
 
 __all__ = [
     "App",
@@ -77,3 +83,12 @@ __all__ = [
 ]
 
 __version__ = "0.1.0.dev0"
+
+
+def __getattr__(name: str) -> _Any:
+    # `nj.testing` without importing it in every service: the kit is for tests.
+    if name == "testing":
+        import importlib
+
+        return importlib.import_module(".testing", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,7 +9,7 @@ module never imports the layers that set them.
 from __future__ import annotations
 
 import contextvars
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import trio
 
@@ -32,6 +32,10 @@ class Enqueuer(Protocol):
 
     async def insert(self, jobs: Sequence[NewJob]) -> list[JobId]:
         """Store `jobs` (cancel-atomic; `RuntimeClosed` once shutdown began)."""
+        ...
+
+    async def insert_tx(self, conn: Any, jobs: Sequence[NewJob]) -> list[JobId]:
+        """Store `jobs` inside the transaction open on `conn` (`Client.enqueue_tx`)."""
         ...
 
 

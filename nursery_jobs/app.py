@@ -100,8 +100,9 @@ class JobKind(Generic[P, R]):
     """A registered job kind: the handler plus its queue, timeout and retry settings, made by
     `@app.job`.
 
-    Calling it calls the handler directly (handy in unit tests); `enqueue` and `enqueue_many`
-    put jobs on the runtime of the current context; `new_job` builds the job a backend stores.
+    Calling it calls the handler directly (handy in unit tests); `enqueue`, `enqueue_many` and
+    `enqueue_tx` (inside a transaction) put jobs on the runtime of the current context;
+    `new_job` builds the job a backend stores.
     """
 
     fn: Callable[..., Awaitable[R]]
@@ -234,8 +235,9 @@ class JobKind(Generic[P, R]):
         priority: int | None = None,
         unique_key: str | None = None,
     ) -> BoundEnqueue:
-        """Enqueue with options: ``await kind.options(delay=5).enqueue(doc_id=1)``. The options
-        are checked here (`ConfigError`)."""
+        """Enqueue with options: ``await kind.options(delay=5).enqueue(doc_id=1)`` (or
+        ``.enqueue_many(...)``, ``.enqueue_tx(conn, ...)``). The options are checked here
+        (`ConfigError`)."""
         return BoundEnqueue(self, EnqueueOptions(delay=delay, run_at=run_at, priority=priority, unique_key=unique_key))
 
     async def enqueue(self, **args: Any) -> JobId:
@@ -245,6 +247,12 @@ class JobKind(Generic[P, R]):
     async def enqueue_many(self, many: Iterable[Mapping[str, Any]]) -> list[JobId]:
         """Enqueue one job per mapping of keyword arguments, in one backend call."""
         return await BoundEnqueue(self, _NO_OPTIONS).enqueue_many(many)
+
+    async def enqueue_tx(self, conn: Any, **args: Any) -> JobId:
+        """Enqueue one job inside the transaction open on `conn` (`rt.transaction()`'s, or a
+        connection of your own: see `Client.enqueue_tx`); returns its id. The job exists only
+        if that transaction commits."""
+        return await BoundEnqueue(self, _NO_OPTIONS).enqueue_tx(conn, **args)
 
 
 @attrs.frozen
@@ -259,6 +267,10 @@ class BoundEnqueue:
     async def enqueue_many(self, many: Iterable[Mapping[str, Any]]) -> list[JobId]:
         client = get_enqueuer(f"{self.kind.name}.enqueue_many()")
         return await client.insert(self.kind.new_jobs(many, self.opts, client.now()))
+
+    async def enqueue_tx(self, conn: Any, **args: Any) -> JobId:
+        client = get_enqueuer(f"{self.kind.name}.enqueue_tx()")
+        return (await client.insert_tx(conn, [self.kind.new_job(args, self.opts, client.now())]))[0]
 
 
 class App:

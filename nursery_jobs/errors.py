@@ -11,7 +11,9 @@ __all__ = [
     "BackendError",
     "BackendUnavailable",
     "ConfigError",
+    "DrainIncomplete",
     "JobNotFound",
+    "NotIdempotent",
     "NurseryJobsError",
     "ResourceError",
     "RuntimeClosed",
@@ -72,3 +74,15 @@ class ResourceError(NurseryJobsError, RuntimeError):
     within `resource_bound` is logged when it happens and raised after every other resource has
     closed. The resource's own error is the `__cause__`.
     """
+
+
+class DrainIncomplete(NurseryJobsError, AssertionError):
+    """A test's `rt.drain()` (or `nursery_jobs.testing.run_job`) hit its bound with jobs due
+    within the horizon still not final: a job that snoozes or retries forever, or a handler that
+    never returns. The message lists each such job; an AssertionError, so a test fails on it."""
+
+
+class NotIdempotent(NurseryJobsError, AssertionError):
+    """`nursery_jobs.testing.check_at_least_once` found a checkpoint of the handler where an
+    interruption and a second run leave other effects than one clean run; the message names the
+    checkpoint's file and line and shows both observations."""

@@ -313,8 +313,8 @@ class JobContext:
 
     @property
     def client(self) -> Any:
-        """The client of the runtime running this job (an `nj.Client`: enqueue, get_job, wait,
-        cancel, stats), for a job that enqueues or reads other jobs. Annotate it for typed use:
+        """The client of the runtime running this job (an `nj.Client`: enqueue, enqueue_tx,
+        transaction, get_job, wait, cancel, stats), for a job that enqueues or reads other jobs. Annotate it for typed use:
         ``client: nj.Client = ctx.client``."""
         return self._attempt.client
 

@@ -200,6 +200,7 @@ class Runtime(Client):
                 job.id,
                 job.kind,
                 type(exc).__name__,
+                extra={"event": "process_exit", "job_id": job.id, "kind": job.kind, "queue": job.queue},
             )
         self.begin_shutdown()
         self.skip_grace()
@@ -224,6 +225,7 @@ class Runtime(Client):
                     "shutdown: grace over, interrupting %d running attempts (they become available again): %s",
                     len(cut),
                     ", ".join(f"job {a.job.id} ({a.job.kind})" for a in cut),
+                    extra={"event": "shutdown_interrupting", "job_ids": self.interrupted},
                 )
             for executor in self.executors.values():
                 executor.cancel_running("shutdown")
@@ -235,6 +237,7 @@ class Runtime(Client):
                     "shutdown: %s ignored cancellation for %g s; the runtime waits for them to unwind",
                     stuck or "some attempts",
                     settings.flush_bound,
+                    extra={"event": "shutdown_unwind_slow", "job_ids": [a.job.id for a in self.attempts.values()]},
                 )
             with trio.move_on_after(settings.flush_bound) as flush:
                 # A claim in flight when claiming stopped hands its jobs back through the
@@ -253,6 +256,7 @@ class Runtime(Client):
                     "after rescue_after",
                     settings.flush_bound,
                     ", ".join(f"job {i}" for i in unwritten) or "none pending",
+                    extra={"event": "shutdown_unwritten", "job_ids": unwritten, "backend": self.backend.url},
                 )
             self.services.stop()
             self.backend_service.stop()
@@ -470,7 +474,9 @@ async def _serve(
                     result = await main(rt)
                 if main_scope.cancelled_caught and signals == 1 and main_grace is not None:
                     log.warning(
-                        "main did not return within main_grace (%g s) after the signal: cancelled it", main_grace
+                        "main did not return within main_grace (%g s) after the signal: cancelled it",
+                        main_grace,
+                        extra={"event": "main_grace_over", "main_grace": main_grace},
                     )
         finally:
             owner.cancel_scope.cancel()

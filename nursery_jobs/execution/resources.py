@@ -123,6 +123,11 @@ async def _close_all(
             text = f"resource {name!r} did not close within resource_bound ({bound:g} s): its close was cancelled"
         else:
             continue
-        log.error("%s; the other resources still close", text, exc_info=error)
+        log.error(
+            "%s; the other resources still close",
+            text,
+            exc_info=error,
+            extra={"event": "resource_close_failed", "resource": name},
+        )
         failures.append((name, text, error))
     return failures
