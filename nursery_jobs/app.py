@@ -17,7 +17,16 @@ import attrs
 
 from ._context import get_enqueuer
 from .backends.protocol import NewJob
-from .config import DEFAULT_QUEUE, QueueConfig, RetryPolicy, check_name, check_priority, check_timeout, check_unique_key
+from .config import (
+    DEFAULT_QUEUE,
+    QueueConfig,
+    RetryPolicy,
+    check_limit,
+    check_name,
+    check_priority,
+    check_timeout,
+    check_unique_key,
+)
 from .cron import Cron, parse_schedule
 from .errors import ArgsError, ConfigError, UnknownJob
 from .jobs import ArgsChecker, Resource, Resources, check_context_param, encode_args
@@ -125,6 +134,8 @@ class JobKind(Generic[P, R]):
     retry: RetryPolicy | None
     asyncio: bool = False
     unique: Callable[[Mapping[str, Any]], str | None] | None = None
+    concurrency_key: Callable[[Mapping[str, Any]], str | None] | None = None
+    max_concurrent: int | None = None
     signature: inspect.Signature = attrs.field(init=False, default=attrs.Factory(_signature, takes_self=True))
     _var_keyword: bool = attrs.field(init=False, default=False)
     _keywords: frozenset[str] = attrs.field(init=False, default=frozenset())
@@ -167,6 +178,25 @@ class JobKind(Generic[P, R]):
             )
         return check_unique_key(f"{self.name}:{key}")
 
+    def concurrency_key_for(self, args: Mapping[str, Any]) -> str | None:
+        """The concurrency key the kind's `concurrency_key` function gives these args (not
+        scoped to the kind: kinds that return one key share its limit); None when the kind has
+        no function or it returned None. `ArgsError`, naming the kind, when the function raises
+        or returns something that is not a storable key: it depends on the args."""
+        fn = self.concurrency_key
+        if fn is None:
+            return None
+        try:
+            key = fn(args)
+        except Exception as exc:
+            raise ArgsError(
+                f"the concurrency_key function of job {self.name!r} raised {type(exc).__name__}: {exc} "
+                f"(for args {dict(args)!r})"
+            ) from exc
+        if key is None:
+            return None
+        return check_unique_key(key, f"the concurrency key of job {self.name!r}", ArgsError)
+
     def check_args(self, args: Mapping[str, Any]) -> None:
         """`ArgsError` unless `args` bind to the handler's keyword parameters."""
         if self._simple:
@@ -202,7 +232,12 @@ class JobKind(Generic[P, R]):
         if key is None and self.unique is not None:
             key = self.unique_key_for(args)
         priority = self.priority if opts.priority is None else opts.priority
-        return NewJob(self.name, self.queue, self._args_json(args), priority, opts.when(now, wall_offset), self.max_attempts, key)
+        args_json = self._args_json(args)
+        ckey = self.concurrency_key_for(args) if self.concurrency_key is not None else None
+        return NewJob(
+            self.name, self.queue, args_json, priority, opts.when(now, wall_offset), self.max_attempts, key,
+            ckey, None if ckey is None else self.max_concurrent,
+        )  # fmt: skip
 
     def new_jobs(
         self, many: Iterable[Mapping[str, Any]], opts: EnqueueOptions, now: float, wall_offset: float = 0.0
@@ -215,10 +250,14 @@ class JobKind(Generic[P, R]):
         priority = self.priority if opts.priority is None else opts.priority
         when = opts.when(now, wall_offset)
         new = tuple.__new__  # a NamedTuple without its Python-level __new__: once per job
+        if self.concurrency_key is not None:
+            return [self.new_job(args, opts, now, wall_offset) for args in many]  # each its own key
         if self.unique is None:
-            return [new(NewJob, (name, queue, to_json(args), priority, when, attempts, None)) for args in many]
+            return [new(NewJob, (name, queue, to_json(args), priority, when, attempts, None, None, None)) for args in many]
         key_for = self.unique_key_for  # a key twice in one batch gives the first job's id twice
-        return [new(NewJob, (name, queue, to_json(args), priority, when, attempts, key_for(args))) for args in many]
+        return [
+            new(NewJob, (name, queue, to_json(args), priority, when, attempts, key_for(args), None, None)) for args in many
+        ]
 
     def options(
         self,
@@ -387,9 +426,19 @@ class App:
         return handle
 
     def queue(
-        self, name: str, *, max_workers: int, timeout: float | None = 60.0, poll_interval: float | None = None
+        self,
+        name: str,
+        *,
+        max_workers: int,
+        timeout: float | None = 60.0,
+        poll_interval: float | None = None,
+        global_max_workers: int | None = None,
     ) -> QueueConfig:
         """Declare a queue with its own pool of `max_workers` and per-attempt `timeout` seconds.
+
+        `global_max_workers`: at most this many jobs of the queue run at once across every
+        process that works it (each process still runs at most its `max_workers`); None, the
+        default: no limit across processes. Enforced where jobs are claimed (docs/concurrency.md).
 
         `poll_interval`: on durable backends, how often the queue looks for work when no
         wake-up arrives, and how often `rt.wait` on one of its jobs looks for the outcome when
@@ -402,7 +451,9 @@ class App:
             raise ConfigError(f"queue {name!r} is declared twice; declare each queue once")
         if any(k.queue == name for k in self._kinds.values()):
             raise ConfigError(f"queue {name!r} must be declared before the jobs that use it")
-        cfg = QueueConfig(name, max_workers=max_workers, timeout=timeout, poll_interval=poll_interval)
+        cfg = QueueConfig(
+            name, max_workers=max_workers, timeout=timeout, poll_interval=poll_interval, global_max_workers=global_max_workers
+        )
         self._queues[name] = cfg
         self._declared.add(name)
         return cfg
@@ -418,6 +469,8 @@ class App:
         retry: RetryPolicy | None = None,
         asyncio: bool = False,
         unique: Callable[[Mapping[str, Any]], str | None] | None = None,
+        concurrency_key: Callable[[Mapping[str, Any]], str | None] | None = None,
+        max_concurrent: int | None = None,
     ) -> Callable[[Callable[P, Awaitable[R]]], JobKind[P, R]]:
         """Register an async handler ``async def fn(ctx, **args)`` as a job kind.
 
@@ -426,8 +479,18 @@ class App:
         cancel scope and timeout. `name` defaults to the function's name and is
         what `rt.enqueue(name, args)` and the backends store. `unique`, a function of the job's
         args returning a key (or None), makes every enqueue of this kind unique on
-        ``"<name>:<key>"`` unless the call passes its own `unique_key`. Raises `ConfigError` for an
-        unknown queue, a duplicate name, a non-async handler or a bad value.
+        ``"<name>:<key>"`` unless the call passes its own `unique_key`.
+
+        `concurrency_key`, a function of the job's args returning a key (or None: no limit for
+        that job), computed once at enqueue and stored with the job, with `max_concurrent`
+        (default 1): at most that many jobs with one key run at once, across every process.
+        The key is not scoped to the kind, so kinds returning the same key share it (each job
+        starting only while fewer than its own `max_concurrent` of the key run). A job whose
+        key is at its limit is not claimed and holds back no other job (docs/concurrency.md).
+        A key function that raises, or returns what is not a key, is an `ArgsError` at enqueue.
+
+        Raises `ConfigError` for an unknown queue, a duplicate name, a non-async handler or a
+        bad value.
         """
         if queue not in self._queues:
             raise ConfigError(
@@ -440,6 +503,16 @@ class App:
         check_priority(priority)
         if unique is not None and not callable(unique):
             raise ConfigError(f"unique must be a function of the job's args returning a str or None, not {unique!r}")
+        if concurrency_key is not None and not callable(concurrency_key):
+            raise ConfigError(
+                f"concurrency_key must be a function of the job's args returning a str or None, not {concurrency_key!r}"
+            )
+        if max_concurrent is not None:
+            if concurrency_key is None:
+                raise ConfigError("max_concurrent needs a concurrency_key: the limit is per key")
+            check_limit("max_concurrent", max_concurrent)
+        elif concurrency_key is not None:
+            max_concurrent = 1
 
         def register(fn: Callable[P, Awaitable[R]]) -> JobKind[P, R]:
             if not inspect.iscoroutinefunction(fn):
@@ -462,6 +535,8 @@ class App:
                 retry=retry,
                 asyncio=asyncio,
                 unique=unique,
+                concurrency_key=concurrency_key,
+                max_concurrent=max_concurrent,
             )
             self._kinds[kind_name] = kind
             return kind

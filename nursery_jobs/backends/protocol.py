@@ -21,9 +21,12 @@ Capabilities:
 - `LockStore`: named locks with an owner token and an expiry (`rt.lock`, `rt.try_lock`).
 - `ScheduleStore`: periodic schedules' last ticks, and a tick's job enqueued exactly once
   across processes (a conditional update of the schedule's row, in the insert's transaction).
-- Coming capabilities (per-key leases, locks, the outbox, admin queries for the CLI and the
-  dashboard) are protocols of their own beside these, so a backend without them still works
-  and says so by not implementing them.
+- Per-key and per-queue concurrency limits are part of `claim` (a job carries its key and
+  limit from `insert_many`; `claim` takes the queue's `max_running`): every backend enforces
+  them, since a backend that ignored them would break the guarantee silently.
+- Coming capabilities (the outbox, admin queries for the CLI and the dashboard) are
+  protocols of their own beside these, so a backend without them still works and says so by not
+  implementing them.
 
 Events are delivered to every listener, in order, synchronously, without blocking the backend.
 An event that comes from outside the process (a PostgreSQL notification, an SQLite wake-up
@@ -76,6 +79,11 @@ class NewJob(NamedTuple):  # a tuple: built once per job on the hot path, 3x che
     """None: available now (the backend's clock decides `now`)."""
     max_attempts: int
     unique_key: str | None = None
+    concurrency_key: str | None = None
+    """Jobs with one key run at most `max_concurrent` at a time, across every process."""
+    max_concurrent: int | None = None
+    """With a `concurrency_key`: how many jobs of that key may run at once (this job starts only
+    while fewer than this many are `running`). None without a key."""
 
 
 class InsertResult(NamedTuple):  # a tuple: built once per job on the hot path, 3x cheaper than attrs
@@ -223,14 +231,21 @@ class JobStore(Protocol):
         unknown): `BackendUnavailable` says so."""
         ...
 
-    async def claim(self, queue: str, limit: int) -> ClaimResult:
+    async def claim(self, queue: str, limit: int, *, max_running: int | None = None) -> ClaimResult:
         """Move up to `limit` due jobs of `queue` to `running`, highest priority first, then
         oldest `run_at`, then lowest id (a scheduled or retryable job whose `run_at` has come is
         due), count an attempt on each, set `attempted_at` and start its heartbeat at `now()`,
         and return them in that order, with the earliest `run_at` of the queue's pending jobs
         not due yet (None: there is none). Running and final rows, and other queues' rows, are
         never taken; `limit` 0 takes nothing. Atomic: concurrent claims (any process) never
-        return the same job. Emits nothing."""
+        return the same job. Emits nothing.
+
+        Limits (`transitions.admit` decides, in claim order): a job with a `concurrency_key` is
+        taken only while fewer than its `max_concurrent` jobs of that key are `running` (counted
+        with the ones this claim takes), and with `max_running` no job is taken once that many
+        jobs of `queue` are `running`. A job held back stays as it is (no attempt counted, no
+        write) and the claim goes on with the next due job, so a key at its limit never holds
+        back other keys. Exact under concurrent claims from any process."""
         ...
 
     async def finish_many(self, outcomes: Sequence[Outcome]) -> None:
@@ -267,7 +282,8 @@ class JobStore(Protocol):
         with no attempt left is discarded, one whose cancellation was requested is cancelled),
         with an error saying so (`rows.rescue_message`). Rows that are not `running` are left
         alone. Returns the rescued ids, ascending. Emits `JobsAvailable(queue)` /
-        `JobFinalized` for them. Concurrent rescues (any process) never rescue a job twice."""
+        `JobFinalized` for them (and `JobsAvailable(queue)` for a keyed job made final: its
+        slot is free). Concurrent rescues (any process) never rescue a job twice."""
         ...
 
     async def delete_finished(self, before: Mapping[JobState, float], limit: int) -> int:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from typing import Any, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 import trio
 
@@ -105,6 +105,7 @@ class QueueExecutor:
         """Outcomes of this queue pushed to the completer and not written yet: jobs that are
         still `running` in the backend. Past `outcome_slack` of them, claims stop (`_room`)."""
         self.outcome_slack = max(self.max_workers, OUTCOME_SLACK)
+        self._max_running = cfg.global_max_workers
 
     def __repr__(self) -> str:
         return f"<QueueExecutor {self.name!r} workers={self.max_workers} unwritten={self.unwritten}>"
@@ -121,8 +122,11 @@ class QueueExecutor:
             self._fetcher_wakeup.set()
 
     def outcomes_written(self, n: int) -> None:
-        """The completer wrote `n` of this queue's outcomes: room to claim again."""
+        """The completer wrote `n` of this queue's outcomes: room to claim again (and, under
+        `global_max_workers`, a slot of the queue's that another claim may have been refused)."""
         self.unwritten -= n
+        if self._max_running is not None:
+            self._claim_now = True
         self._fetcher_wakeup.set()
 
     def _room(self) -> int:
@@ -201,14 +205,14 @@ class QueueExecutor:
             # bounds the call itself (statement and outage timeouts); once shutdown begins,
             # `stop_claiming` bounds it by `flush_bound` too.
             if backend.never_yields:
-                result = await backend.claim(self.name, limit)  # never yields: cannot be cut
+                result = await self._claim(limit)  # never yields: cannot be cut
             else:
                 answer: ClaimResult | None = None
                 with trio.CancelScope(shield=True) as scope:
                     self._claim_scope = scope
                     if not self._claiming:
                         scope.deadline = trio.current_time() + self._flush_bound
-                    answer = await backend.claim(self.name, limit)
+                    answer = await self._claim(limit)
                 self._claim_scope = None
                 if answer is None:
                     log.warning(
@@ -237,6 +241,11 @@ class QueueExecutor:
                 break
         # Claimed jobs handed out above and already started still run: they are part of the
         # grace period (a worker that had not started its job gives it back).
+
+    def _claim(self, limit: int) -> Awaitable[ClaimResult]:
+        if self._max_running is None:
+            return self._backend.claim(self.name, limit)
+        return self._backend.claim(self.name, limit, max_running=self._max_running)
 
     async def _worker(self) -> None:
         """Take a job, run one attempt of it, repeat."""

@@ -143,3 +143,19 @@ def test_sqlite_throughput_quick_mode_runs() -> None:
                "cross-process enqueue -> start p50", "wake-ups off (poll 1 s): start p50", "one wake-up send")  # fmt: skip
     for metric in metrics:
         assert metric in out, out
+
+
+@pytest.mark.usefixtures("postgres_reachable")
+def test_concurrency_keys_quick_mode_runs() -> None:
+    result = subprocess.run(
+        [sys.executable, str(BENCH / "concurrency_keys.py"), "--quick", "--backends", "postgres"],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    for label in ("keys (limit 1)", "overshoot", "latency"):
+        assert label in result.stdout, result.stdout
+    assert not [name for name in leftover_bench_databases() if "_keyed_" in name]

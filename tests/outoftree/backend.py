@@ -75,9 +75,9 @@ class DelegatingBackend:
         await self._step()
         return await self.inner.insert_many(jobs)
 
-    async def claim(self, queue: str, limit: int) -> ClaimResult:
+    async def claim(self, queue: str, limit: int, *, max_running: int | None = None) -> ClaimResult:
         await self._step()
-        return await self.inner.claim(queue, limit)
+        return await self.inner.claim(queue, limit, max_running=max_running)
 
     async def finish_many(self, outcomes: Sequence[Outcome]) -> None:
         await self._step()

@@ -400,8 +400,8 @@ class _Forward:
     async def insert_many(self, jobs: Any) -> Any:
         return await self.inner.insert_many(jobs)
 
-    async def claim(self, queue: str, limit: int) -> Any:
-        return await self.inner.claim(queue, limit)
+    async def claim(self, queue: str, limit: int, *, max_running: int | None = None) -> Any:
+        return await self.inner.claim(queue, limit, max_running=max_running)
 
     async def finish_many(self, outcomes: Any) -> None:
         await self.inner.finish_many(outcomes)

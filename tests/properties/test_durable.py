@@ -41,6 +41,7 @@ from . import (
     test_p13_shutdown,
     test_p14_cancel_atomic,
     test_p15_replay,
+    test_p16_key_limits,
 )
 from tests import registry
 
@@ -66,6 +67,7 @@ PROPERTIES: list[tuple[str, Check, int]] = [
     ("P13", test_p13_shutdown.check, 15),
     ("P14", test_p14_cancel_atomic.check, 10),
     ("P15", test_p15_replay.check, 5),
+    ("P16", test_p16_key_limits.check, 10),
 ]
 
 

@@ -1,5 +1,5 @@
 -- nursery_jobs schema, version 8: periodic schedules (@app.periodic) and named locks (rt.lock).
--- (6 and 7 are numbers reserved for other changes.)
+-- (7 is a number reserved for another change.)
 --
 -- One row per schedule name: the last tick enqueued (Unix time, seconds) and that tick's job.
 -- A scheduler in every process advances the row with a conditional upsert
