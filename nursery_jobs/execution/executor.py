@@ -131,7 +131,7 @@ class QueueExecutor:
         """Outcomes of this queue pushed to the completer and not written yet: jobs that are
         still `running` in the backend. Past `outcome_slack` of them, claims stop (`_room`)."""
         self.outcome_slack = max(self.max_workers, OUTCOME_SLACK)
-        ahead = not backend.never_yields and self.max_workers > 1
+        ahead = cfg.claim_ahead and not backend.never_yields and self.max_workers > 1
         self.prefetch = min(self.max_workers, PREFETCH_MAX) if ahead else 0
         self._low_water = self.prefetch // 2
         """Held jobs at which the fetcher claims ahead again (the workers still have these)."""

@@ -204,14 +204,16 @@ async def test_a_held_job_is_heartbeated_and_a_cancel_reaches_it_before_it_start
     assert (await backend.get_job(victim)).state is nj.JobState.CANCELLED
 
 
-async def test_no_claim_ahead_where_it_cannot_help(autojump_clock: trio.testing.MockClock) -> None:
-    """The memory backend's claim is no round trip, and a queue of one worker keeps its strict
-    start order: neither claims ahead."""
+async def test_no_claim_ahead_where_it_cannot_help_or_is_turned_off(autojump_clock: trio.testing.MockClock) -> None:
+    """The memory backend's claim is no round trip, a queue of one worker keeps its strict
+    start order, and `claim_ahead=False` turns it off: none of them claims ahead."""
     app, _, _ = _app(4)
     app.queue("single", max_workers=1, timeout=60)
+    app.queue("off", max_workers=8, timeout=60, claim_ahead=False)
+    app.queue("wide", max_workers=100, timeout=60)
     backend = RoundTrips()
     async with nj.open_runtime(app, backend="memory://") as rt:
         assert rt.executors["q"].prefetch == 0
     async with nj.open_runtime(app, backend=backend) as rt:
-        assert rt.executors["single"].prefetch == 0
-        assert rt.executors["q"].prefetch == 4
+        prefetch = {name: executor.prefetch for name, executor in rt.executors.items()}
+    assert prefetch == {"default": 10, "q": 4, "single": 0, "off": 0, "wide": PREFETCH_MAX}
