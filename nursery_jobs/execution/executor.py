@@ -181,10 +181,11 @@ class QueueExecutor:
         the completer owes past `outcome_slack` (a slow write must never let running rows pile
         up)."""
         room = len(self._idle)
-        held = len(self._held)
-        if held <= self._low_water and self.prefetch and self._mean_attempt() <= HOLD_BOUND / 2:
-            # Held jobs wait about one attempt for a worker: a queue of long jobs holds nothing.
-            room += self.prefetch - held
+        if self.prefetch:
+            held = len(self._held)
+            if held <= self._low_water and self._mean_attempt() <= HOLD_BOUND / 2:
+                # Held jobs wait about one attempt for a worker: a queue of long jobs holds nothing.
+                room += self.prefetch - held
         over = self.unwritten - self.outcome_slack
         return room - over if over > 0 else room
 
@@ -272,7 +273,9 @@ class QueueExecutor:
                         wait_until = trio.current_time() + (self._next_due - now)
                     if poll is not None:
                         poll_at = trio.current_time() + poll
-                until = min(wait_until, poll_at, held_until[0] if held_until else math.inf)
+                until = min(wait_until, poll_at)
+                if held_until and held_until[0] < until:
+                    until = held_until[0]  # a held job's time is up then: give it back
                 if until == math.inf:
                     await self._fetcher_wakeup.wait()  # no deadline: spare a cancel scope per batch
                 else:
@@ -317,7 +320,7 @@ class QueueExecutor:
                 self._next_due = result.next_due
             torn_down = trio.current_effective_deadline() == -math.inf
             idle = self._idle
-            hold_until = trio.current_time() + HOLD_BOUND
+            hold_until = 0.0
             for job in result.jobs:
                 if torn_down or not self._claiming:
                     # The runtime is being torn down, or shutdown began while the claim was in
@@ -326,6 +329,8 @@ class QueueExecutor:
                 elif idle:
                     idle.pop().put(job)
                 else:
+                    if not hold_until:
+                        hold_until = trio.current_time() + HOLD_BOUND
                     self._hold(job, hold_until)  # claimed ahead: the next worker that is free takes it
             await trio.lowlevel.checkpoint_if_cancelled()
             if len(result.jobs) == limit:
@@ -345,6 +350,7 @@ class QueueExecutor:
         held = self._held
         held_until = self._held_until
         prefetch = self.prefetch
+        now = trio.lowlevel.current_clock().current_time  # the run's clock (MockClock in tests), one call per read
         try:
             while self._claiming:
                 job: ClaimedJob | None
@@ -411,7 +417,7 @@ class QueueExecutor:
                     self._discard(job, clean_text(f"job args {what}: {exc}"))
                     continue
                 timeout = runner.timeout
-                began = trio.current_time()
+                began = now()
                 deadline = began + timeout if timeout is not None else math.inf
                 if attempt is None:
                     scope = trio.CancelScope(deadline=deadline)
@@ -443,7 +449,7 @@ class QueueExecutor:
                     attempts.end(attempt)
                 if prefetch:
                     self._ended += 1
-                    self._busy += trio.current_time() - began
+                    self._busy += now() - began
                 if error is None and not scope.cancel_called:
                     self.unwritten += 1
                     completer.push(_tuple_new(Outcome, (job.id, job.attempt, _COMPLETED, None, None)), self)  # common
