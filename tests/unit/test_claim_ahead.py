@@ -217,3 +217,25 @@ async def test_no_claim_ahead_where_it_cannot_help_or_is_turned_off(autojump_clo
     async with nj.open_runtime(app, backend=backend) as rt:
         prefetch = {name: executor.prefetch for name, executor in rt.executors.items()}
     assert prefetch == {"default": 10, "q": 4, "single": 0, "off": 0, "wide": PREFETCH_MAX}
+
+
+async def test_jobs_claimed_ahead_go_back_when_the_runtime_is_torn_down_from_outside(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    backend = RoundTrips()
+    app, started, _ = _app(4, seconds=0.01)
+    held = 0
+    with trio.CancelScope() as outside:
+        async with nj.open_runtime(app, backend=backend) as rt:
+            executor = rt.executors["q"]
+            ids = await rt.enqueue_many("work", [{}] * 200)
+            with trio.fail_after(10):
+                while executor.held == 0:
+                    await trio.sleep(0.001)
+            held = executor.held
+            outside.cancel()  # no grace: everything is cut, and what nobody started goes back
+            await trio.sleep(1)
+    assert held > 0
+    jobs = [await backend.get_job(job_id) for job_id in ids]
+    assert not [j.id for j in jobs if j.state is nj.JobState.RUNNING]
+    assert {j.id for j in jobs if j.state is nj.JobState.COMPLETED} <= set(started)
