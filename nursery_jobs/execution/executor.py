@@ -31,6 +31,8 @@ hung queue starve the others. Instead each queue owns:
   reaches it before it starts, which then starts nothing), its timeout starts when a worker
   starts it, and one that no worker took within `HOLD_BOUND` is given back (interrupted:
   available at once, attempt and all). Shutdown gives every held job back the same way, at once.
+  The price is order: a job that becomes due after a claim ahead starts after the held ones
+  (docs/guarantees.md, "Ordering"); `app.queue(..., claim_ahead=False)` turns it off.
 - backpressure: an outcome not written yet is a job still `running` in the backend, so the
   fetcher stops claiming while more than `outcome_slack` of the queue's outcomes wait for the
   completer (`_room`); a slow write can never let running rows pile up. Running rows in the
