@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections import abc
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generic, Iterable, Mapping, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, Mapping, ParamSpec, TypeVar
 
 import attrs
 
@@ -18,7 +18,7 @@ from ._context import get_enqueuer
 from .backends.protocol import NewJob
 from .config import DEFAULT_QUEUE, QueueConfig, RetryPolicy, check_name, check_priority, check_timeout, check_unique_key
 from .errors import ArgsError, ConfigError, UnknownJob
-from .jobs import encode_args
+from .jobs import Resource, Resources, encode_args
 
 if TYPE_CHECKING:
     from .jobs import JobContext, JobId
@@ -27,6 +27,7 @@ __all__ = ["App", "EnqueueOptions", "JobKind"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 Handler = Callable[..., Awaitable[Any]]
 Middleware = Callable[["JobContext", Callable[["JobContext"], Awaitable[Any]]], Awaitable[Any]]
@@ -90,8 +91,9 @@ class JobKind(Generic[P, R]):
     """A registered job kind: the handler plus its queue, timeout and retry settings, made by
     `@app.job`.
 
-    Calling it calls the handler directly (handy in unit tests); `enqueue` and `enqueue_many`
-    put jobs on the runtime of the current context; `new_job` builds the job a backend stores.
+    Calling it calls the handler directly (handy in unit tests); `enqueue`, `enqueue_many` and
+    `enqueue_tx` (inside a transaction) put jobs on the runtime of the current context;
+    `new_job` builds the job a backend stores.
     """
 
     fn: Callable[..., Awaitable[R]]
@@ -194,8 +196,9 @@ class JobKind(Generic[P, R]):
         priority: int | None = None,
         unique_key: str | None = None,
     ) -> BoundEnqueue:
-        """Enqueue with options: ``await kind.options(delay=5).enqueue(doc_id=1)``. The options
-        are checked here (`ConfigError`)."""
+        """Enqueue with options: ``await kind.options(delay=5).enqueue(doc_id=1)`` (or
+        ``.enqueue_many(...)``, ``.enqueue_tx(conn, ...)``). The options are checked here
+        (`ConfigError`)."""
         return BoundEnqueue(self, EnqueueOptions(delay=delay, run_at=run_at, priority=priority, unique_key=unique_key))
 
     async def enqueue(self, **args: Any) -> JobId:
@@ -205,6 +208,12 @@ class JobKind(Generic[P, R]):
     async def enqueue_many(self, many: Iterable[Mapping[str, Any]]) -> list[JobId]:
         """Enqueue one job per mapping of keyword arguments, in one backend call."""
         return await BoundEnqueue(self, _NO_OPTIONS).enqueue_many(many)
+
+    async def enqueue_tx(self, conn: Any, **args: Any) -> JobId:
+        """Enqueue one job inside the transaction open on `conn` (`rt.transaction()`'s, or a
+        connection of your own: see `Client.enqueue_tx`); returns its id. The job exists only
+        if that transaction commits."""
+        return await BoundEnqueue(self, _NO_OPTIONS).enqueue_tx(conn, **args)
 
 
 @attrs.frozen
@@ -219,6 +228,10 @@ class BoundEnqueue:
     async def enqueue_many(self, many: Iterable[Mapping[str, Any]]) -> list[JobId]:
         client = get_enqueuer(f"{self.kind.name}.enqueue_many()")
         return await client.insert(self.kind.new_jobs(many, self.opts, client.now()))
+
+    async def enqueue_tx(self, conn: Any, **args: Any) -> JobId:
+        client = get_enqueuer(f"{self.kind.name}.enqueue_tx()")
+        return (await client.insert_tx(conn, [self.kind.new_job(args, self.opts, client.now())]))[0]
 
 
 class App:
@@ -237,6 +250,7 @@ class App:
         self.retry = RetryPolicy()
         self._middleware: list[Middleware] = []
         """Run around every attempt, outermost first (see `execution.attempt.KindRunner`)."""
+        self._resources: dict[str, Resource[Any]] = {}
 
     @property
     def queues(self) -> Mapping[str, QueueConfig]:
@@ -245,6 +259,56 @@ class App:
     @property
     def kinds(self) -> Mapping[str, JobKind[Any, Any]]:
         return dict(self._kinds)
+
+    @property
+    def resources(self) -> Mapping[str, Resource[Any]]:
+        """The declared resources, in declaration order (the order they open in)."""
+        return dict(self._resources)
+
+    def resource(self, fn: Callable[[], AsyncIterator[T]]) -> Resource[T]:
+        """Declare a resource the jobs share: ``@app.resource`` on an async generator function
+        that takes no argument and yields the value once::
+
+            @app.resource
+            async def http() -> AsyncIterator[httpx.AsyncClient]:
+                async with httpx.AsyncClient() as client:
+                    yield client
+
+        The runtime opens every resource before any queue starts, in declaration order, and
+        closes them in reverse order after the last attempt has ended (after the grace and the
+        unwinding); each open and each close is bounded by `RuntimeSettings.resource_bound`.
+        Handlers read ``ctx.resources.http`` or, typed, ``ctx.resources[http]`` with the
+        `Resource` handle returned here. Raises `ConfigError` for a function that is not an
+        async generator function, takes arguments, or repeats a resource's name.
+        """
+        label = getattr(fn, "__qualname__", fn)
+        if not inspect.isasyncgenfunction(fn):
+            raise ConfigError(
+                f"resource {label!r} must be an async generator function that yields its value once: "
+                "`async def http(): async with httpx.AsyncClient() as client: yield client`"
+            )
+        name = getattr(fn, "__name__", "")
+        if not name.isidentifier() or name.startswith("_") or hasattr(Resources, name):
+            raise ConfigError(
+                f"resource name {name!r} cannot be read as ctx.resources.{name}: name the function "
+                "with a public identifier that is not a method of a mapping (keys, get, items, values)"
+            )
+        if name in self._resources:
+            raise ConfigError(f"resource {name!r} is declared twice; declare each resource once")
+        required = [
+            p.name
+            for p in inspect.signature(fn).parameters.values()
+            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+        if required:
+            raise ConfigError(
+                f"resource {name!r} must take no arguments (it takes {required}); read settings from "
+                "the environment or a module-level value, or replace it in tests with "
+                "open_runtime(app, resources={...})"
+            )
+        handle: Resource[T] = Resource(name, fn)
+        self._resources[name] = handle
+        return handle
 
     def queue(
         self,

@@ -11,7 +11,8 @@ cancelled); if the call returns, it happened exactly once.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
 import attrs
 import trio
@@ -20,7 +21,7 @@ from .app import App, EnqueueOptions, JobKind
 from .backends import Backend, NewJob, QueueCounts, TransactionalEnqueue
 from .coordination.receipts import Receipts
 from .errors import ConfigError, RuntimeClosed
-from .infra.threads import ThreadBudget, run_sync_io
+from .infra.threads import ThreadBudget
 from .jobs import Job, JobId, JobState, Receipt, _ExistingJobId, check_job_id
 
 __all__ = ["Client", "QueueStats"]
@@ -127,6 +128,23 @@ class Client:
         opts = EnqueueOptions(delay=delay, run_at=run_at, priority=priority)
         return await self.insert(job_kind.new_jobs(many, opts, self.now()))
 
+    def _transactional(self, what: str) -> TransactionalEnqueue:
+        backend = self.backend
+        if not isinstance(backend, TransactionalEnqueue):
+            raise ConfigError(
+                f"{what} needs a backend with transactions (memory, SQLite, PostgreSQL); {backend.url} has none"
+            )
+        return backend
+
+    async def insert_tx(self, conn: Any, jobs: Sequence[NewJob]) -> list[JobId]:
+        """Store jobs built by `JobKind.new_job` inside the transaction open on `conn` (see
+        `enqueue_tx`)."""
+        backend = self._transactional("enqueue_tx")
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        results = await backend.insert_tx(conn, jobs)
+        return [_ExistingJobId(i) if existing else JobId(i) for i, existing in results]
+
     async def enqueue_tx(
         self,
         conn: Any,
@@ -138,44 +156,41 @@ class Client:
         priority: int | None = None,
         unique_key: str | None = None,
     ) -> JobId:
-        """Enqueue inside the caller's own open transaction on `conn` (PostgreSQL backend only).
+        """Enqueue inside the transaction open on `conn`; otherwise as `enqueue` (the same
+        checks, unique keys, priorities and scheduling, by the same code).
 
-        `conn` is a psycopg `Connection` (run on a thread) or `AsyncConnection` (run through
-        trio-asyncio). The job exists only if that transaction commits, and its wake-up is sent
-        at the commit: a rolled-back request leaves no job behind, a committed one always runs.
-        The runtime never commits or rolls back `conn`.
+        `conn` is the connection `transaction()` lends, or one of the caller's own: on
+        PostgreSQL a psycopg `Connection` (run on a thread) or `AsyncConnection` (run through
+        trio-asyncio), on SQLite a `sqlite3.Connection` to the backend's own file. The job
+        exists only if that transaction commits: a rolled-back request leaves no job behind,
+        a committed one always runs. The runtime never commits or rolls back a caller's own
+        transaction. Raises ConfigError for a connection the backend cannot use (another
+        database or file, another kind of object), and what `enqueue` raises.
         """
-        backend = self.backend
-        if not isinstance(backend, TransactionalEnqueue):
-            raise ConfigError(f"enqueue_tx needs the PostgreSQL backend (this runtime uses {backend.url}); use enqueue")
         job_kind = self._kind(kind)
         opts = EnqueueOptions(delay=delay, run_at=run_at, priority=priority, unique_key=unique_key)
-        new = job_kind.new_job(args or {}, opts, self.now())
+        return (await self.insert_tx(conn, [job_kind.new_job(args or {}, opts, self.now())]))[0]
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Any]:
+        """``async with rt.transaction() as conn:`` a connection of the runtime's own in a
+        transaction: the service writes its rows on it and enqueues with
+        ``kind.enqueue_tx(conn, ...)``; the block's end commits, an exception (or a
+        cancellation) rolls back and propagates. The jobs exist, and this process's workers
+        are woken for them, only once the commit is done.
+
+        PostgreSQL: a pooled `psycopg.AsyncConnection` on Trio's own I/O (``await
+        conn.execute(...)``); at most `pool_size - (workers + 2)` are lent at once. SQLite: the
+        file's transaction connection, whose calls run on a thread (``await conn.execute(...)``),
+        one transaction at a time (SQLite has one writer). Memory: a transaction whose enqueues
+        appear at commit and vanish on rollback (it runs no SQL). Waiting for the connection is
+        bounded (`BackendUnavailable` says how long); RuntimeClosed once shutdown began.
+        """
+        backend = self._transactional("rt.transaction()")
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
-        query, params = backend.insert_sql(new, self.now())
-        if hasattr(conn, "__aenter__"):  # psycopg.AsyncConnection
-            from .infra.aio import call_asyncio, loop_running
-
-            if not loop_running():
-                raise ConfigError(
-                    "enqueue_tx with an async psycopg connection needs a trio-asyncio loop: open one "
-                    "with `async with trio_asyncio.open_loop():` around your code, or pass a sync Connection"
-                )
-
-            async def execute() -> Any:
-                cur = await conn.execute(query, params)
-                return await cur.fetchone()
-
-            row = await call_asyncio(execute)
-        else:
-            row = await run_sync_io(lambda: conn.execute(query, params).fetchone(), limiter=self.threads.limiter)
-        if row is None:
-            raise ConfigError(
-                f"unique_key {new.unique_key!r} is held by a pending job; enqueue_tx does not look it up "
-                "inside your transaction: use enqueue for unique jobs"
-            )
-        return JobId.of(row[0])
+        async with backend.transaction() as conn:
+            yield conn
 
     # -- read, wait, cancel --
 

@@ -17,7 +17,7 @@ import enum
 import json
 import math
 import traceback
-from typing import Any
+from typing import Any, AsyncIterator, Callable, Generic, Iterator, Mapping, TypeVar, overload
 
 import attrs
 
@@ -34,6 +34,8 @@ __all__ = [
     "MAX_MESSAGE",
     "MAX_TRACEBACK",
     "Receipt",
+    "Resource",
+    "Resources",
     "Snooze",
     "check_job_id",
     "clean_text",
@@ -302,6 +304,21 @@ class JobContext:
         return self._attempt.open_children()
 
     @property
+    def resources(self) -> Resources:
+        """The app's resources (`@app.resource`), open for as long as any attempt runs:
+        ``ctx.resources.http``, ``ctx.resources["http"]``, or typed, ``ctx.resources[http]``
+        with the handle `@app.resource` returned."""
+        resources: Resources = self._attempt.resources
+        return resources
+
+    @property
+    def client(self) -> Any:
+        """The client of the runtime running this job (an `nj.Client`: enqueue, enqueue_tx,
+        transaction, get_job, wait, cancel, stats), for a job that enqueues or reads other jobs. Annotate it for typed use:
+        ``client: nj.Client = ctx.client``."""
+        return self._attempt.client
+
+    @property
     def cancel_reason(self) -> str | None:
         """Why this attempt is being cancelled, once it is: "shutdown", "cancel" (rt.cancel),
         "lost" (this worker lost the job) or "timeout"; None while it is not.
@@ -418,3 +435,68 @@ def decode_args(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"stored job args are not a JSON object: {_short_repr(text, 80)}")
     return value
+
+
+T = TypeVar("T")
+
+
+@attrs.frozen(repr=False)
+class Resource(Generic[T]):
+    """A resource declared with `@app.resource`: the handle the decorator returns.
+
+    `name` is the function's name; `ctx.resources[handle]` gives the open value, typed `T` (what
+    the async generator yields), where `ctx.resources.name` is untyped.
+    """
+
+    name: str
+    fn: Callable[[], AsyncIterator[T]]
+
+    def __repr__(self) -> str:
+        return f"<Resource {self.name!r}>"
+
+
+class Resources(Mapping[str, Any]):
+    """The open resources, by name: ``resources.http``, ``resources["http"]``, or, typed,
+    ``resources[http]`` with the `Resource` handle. Read-only."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        object.__setattr__(self, "_values", dict(values))
+
+    @overload
+    def __getitem__(self, key: Resource[T]) -> T: ...
+    @overload
+    def __getitem__(self, key: str) -> Any: ...
+    def __getitem__(self, key: Resource[Any] | str) -> Any:
+        name = key.name if isinstance(key, Resource) else key
+        try:
+            return self._values[name]
+        except (KeyError, TypeError):
+            raise KeyError(self._unknown(name)) from None
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(self._unknown(name)) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("resources are read-only; declare them with @app.resource")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"<Resources {sorted(self._values)}>"
+
+    def _unknown(self, name: object) -> str:
+        return (
+            f"no resource named {name!r} is open; declare it with @app.resource on an async generator "
+            f"function (open: {sorted(self._values)})"
+        )

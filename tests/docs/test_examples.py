@@ -189,9 +189,10 @@ def test_memory_benchmark_is_importable_without_side_effects() -> None:
 # -- the user docs: every block a user would copy is code that runs --------------------------------
 
 DOCS = ROOT / "docs"
-DOC_PAGES = ["index.md", "quickstart.md", "concepts.md", "shutdown.md", "testing.md"]
+DOC_PAGES = ["index.md", "quickstart.md", "concepts.md", "shutdown.md", "testing.md", "resources.md"]
 TESTING_EXAMPLE = ROOT / "tests" / "docs" / "test_docs_testing_example.py"
-EXCERPT_SOURCES = [QUICKSTART, TESTING_EXAMPLE]
+KIT_EXAMPLE = ROOT / "examples" / "test_service.py"
+EXCERPT_SOURCES = [QUICKSTART, TESTING_EXAMPLE, KIT_EXAMPLE]
 
 
 def python_blocks() -> list[tuple[str, int, str]]:
@@ -225,10 +226,11 @@ def test_every_python_block_in_the_docs_is_verbatim_source_or_runs(page: str, li
     assert result.returncode == 0, f"docs/{page}:{line} failed:\n{result.stdout}\n{result.stderr}"
 
 
-def test_the_testing_page_includes_the_example_test_verbatim() -> None:
+@pytest.mark.parametrize("example", [KIT_EXAMPLE, TESTING_EXAMPLE], ids=lambda p: p.name)
+def test_the_testing_page_includes_the_example_tests_verbatim(example: Path) -> None:
     page = (DOCS / "testing.md").read_text()
-    assert f"```python\n{TESTING_EXAMPLE.read_text()}```" in page, (
-        "docs/testing.md must include tests/docs/test_docs_testing_example.py verbatim; copy the file into the page"
+    assert f"```python\n{example.read_text()}```" in page, (
+        f"docs/testing.md must include {example.relative_to(ROOT)} verbatim; copy the file into the page"
     )
 
 
