@@ -206,20 +206,26 @@ class QueueExecutor:
     def _give_back_held(self, expired_by: float | None = None) -> None:
         """Give back every held job (shutdown, teardown) or those held past `expired_by`."""
         held, until = self._held, self._held_until
-        n = 0
+        given: list[int] = []
         while held and (expired_by is None or until[0] <= expired_by):
             attempt = held.popleft()
             until.popleft()
             self._attempts.end(attempt)
             job = attempt.job
             self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
-            n += 1
-        if n and expired_by is not None:
+            given.append(job.id)
+        if given and expired_by is not None:
             # The attempts in front of them outlasted the bound: no claiming ahead until
             # attempts that end again say they are short.
             self._mean = math.inf
             self._mark = (self._ended, self._busy)
-            log.info("queue %r: %d jobs claimed ahead waited %g s for a worker and were given back", self.name, n, HOLD_BOUND)
+            log.info(
+                "queue %r: %d jobs claimed ahead waited %g s for a worker and were given back",
+                self.name,
+                len(given),
+                HOLD_BOUND,
+                extra={"event": "claimed_ahead_given_back", "queue": self.name, "job_ids": given},
+            )
 
     def stop_claiming(self) -> None:
         self._claiming = False
