@@ -179,9 +179,9 @@ class QueueExecutor:
 
     def _room(self) -> int:
         """How many jobs a claim may take now: one per idle worker, plus what the held list
-        lacks of `prefetch` once it is down to `_low_water` (and not cooling down), less what
-        the completer owes past `outcome_slack` (a slow write must never let running rows pile
-        up)."""
+        lacks of `prefetch` once it is down to `_low_water` (while attempts are short), less
+        what the completer owes past `outcome_slack` (a slow write must never let running rows
+        pile up)."""
         room = len(self._idle)
         if self.prefetch:
             held = len(self._held)
