@@ -7,6 +7,7 @@ is declared, so a typo fails at import, not at three in the morning.
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import math
 from collections import abc
@@ -18,7 +19,7 @@ from ._context import get_enqueuer
 from .backends.protocol import NewJob
 from .config import DEFAULT_QUEUE, QueueConfig, RetryPolicy, check_name, check_priority, check_timeout, check_unique_key
 from .errors import ArgsError, ConfigError, UnknownJob
-from .jobs import Resource, Resources, encode_args
+from .jobs import ArgsChecker, Resource, Resources, check_context_param, encode_args
 
 if TYPE_CHECKING:
     from .jobs import JobContext, JobId
@@ -44,8 +45,18 @@ def _check_delay(_inst: Any, _attr: Any, value: Any) -> None:
 
 
 def _check_run_at(_inst: Any, _attr: Any, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
-        raise ConfigError(f"run_at must be a finite time on the backend's clock, not {value!r}")
+    if value is None:
+        return
+    if not isinstance(value, datetime.datetime):
+        raise ConfigError(
+            f"run_at must be an aware datetime (wall-clock time), not {value!r}: pass "
+            "datetime.now(timezone.utc) + timedelta(...), or delay= in seconds"
+        )
+    if value.utcoffset() is None:
+        raise ConfigError(
+            f"run_at {value!r} is a naive datetime, which could mean any time zone: pass tzinfo, "
+            "e.g. datetime(2030, 1, 1, 9, 0, tzinfo=timezone.utc) or dt.astimezone()"
+        )
 
 
 def _check_priority(_inst: Any, _attr: Any, value: Any) -> None:
@@ -64,7 +75,7 @@ class EnqueueOptions:
     not once per job. `priority` None: the kind's."""
 
     delay: float | None = attrs.field(default=None, validator=_check_delay)
-    run_at: float | None = attrs.field(default=None, validator=_check_run_at)
+    run_at: datetime.datetime | None = attrs.field(default=None, validator=_check_run_at)
     priority: int | None = attrs.field(default=None, validator=_check_priority)
     unique_key: str | None = attrs.field(default=None, validator=_check_key)
 
@@ -72,14 +83,22 @@ class EnqueueOptions:
         if self.delay is not None and self.run_at is not None:
             raise ConfigError("pass delay= or run_at=, not both")
 
-    def when(self, now: float) -> float | None:
-        """The job's run_at on the backend's clock (None: due now)."""
+    def when(self, now: float, wall_offset: float = 0.0) -> float | None:
+        """The job's run_at on the backend's clock (None: due now), given the clock's `now` and
+        its `wall_offset` (`Backend.wall_offset`: what maps a wall-clock `run_at` onto it)."""
         if self.delay is not None:
             return now + self.delay if self.delay > 0 else None
-        return self.run_at
+        if self.run_at is not None:
+            return self.run_at.timestamp() + wall_offset
+        return None
 
 
 _NO_OPTIONS = EnqueueOptions()
+
+
+def _short(args: Mapping[str, Any]) -> str:
+    text = repr(dict(args))
+    return text if len(text) <= 200 else f"{text[:200]}..."
 
 
 def _signature(kind: JobKind[Any, Any]) -> inspect.Signature:
@@ -110,8 +129,11 @@ class JobKind(Generic[P, R]):
     _keywords: frozenset[str] = attrs.field(init=False, default=frozenset())
     _required: frozenset[str] = attrs.field(init=False, default=frozenset())
     _simple: bool = attrs.field(init=False, default=True)
+    _types: ArgsChecker | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
+        hints = check_context_param(self.fn, self.name)
+        object.__setattr__(self, "_types", ArgsChecker.build(self.fn, self.name, hints))
         params = list(self.signature.parameters.values())[1:]
         plain = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         object.__setattr__(self, "_var_keyword", any(p.kind is p.VAR_KEYWORD for p in params))
@@ -154,7 +176,10 @@ class JobKind(Generic[P, R]):
         try:
             self.signature.bind(None, **args)
         except TypeError as exc:
-            raise ArgsError(f"args {dict(args)!r} do not fit job {self.name!r}{self.signature}: {exc}") from None
+            takes = ", ".join(str(p) for p in list(self.signature.parameters.values())[1:]) or "no arguments"
+            raise ArgsError(
+                f"args {_short(args)} do not fit job {self.name!r}: {exc} (it takes {takes})"
+            ) from None
 
     def _args_json(self, args: Mapping[str, Any]) -> str:
         if type(args) is not dict:
@@ -164,24 +189,30 @@ class JobKind(Generic[P, R]):
                 )
             args = dict(args)
         self.check_args(args)
-        return encode_args(args)
+        text = encode_args(args)  # JSON values first: a tuple is refused as a tuple, whatever the annotation
+        if self._types is not None:
+            self._types.check(args)
+        return text
 
-    def new_job(self, args: Mapping[str, Any], opts: EnqueueOptions, now: float) -> NewJob:
-        """The job a backend stores for one enqueue of `args` (validated: `ArgsError`)."""
+    def new_job(self, args: Mapping[str, Any], opts: EnqueueOptions, now: float, wall_offset: float = 0.0) -> NewJob:
+        """The job a backend stores for one enqueue of `args` (validated: `ArgsError`); `now`
+        and `wall_offset` are the backend's (`EnqueueOptions.when`)."""
         key = opts.unique_key
         if key is None and self.unique is not None:
             key = self.unique_key_for(args)
         priority = self.priority if opts.priority is None else opts.priority
-        return NewJob(self.name, self.queue, self._args_json(args), priority, opts.when(now), self.max_attempts, key)
+        return NewJob(self.name, self.queue, self._args_json(args), priority, opts.when(now, wall_offset), self.max_attempts, key)
 
-    def new_jobs(self, many: Iterable[Mapping[str, Any]], opts: EnqueueOptions, now: float) -> list[NewJob]:
+    def new_jobs(
+        self, many: Iterable[Mapping[str, Any]], opts: EnqueueOptions, now: float, wall_offset: float = 0.0
+    ) -> list[NewJob]:
         """One job per mapping of `many` (all validated first: one bad mapping refuses the batch);
         a kind with a `unique` function gives each job its own key."""
         if opts.unique_key is not None:
             raise ConfigError("unique_key applies to enqueue(), not enqueue_many(): one key cannot name many jobs")
         name, queue, attempts, to_json = self.name, self.queue, self.max_attempts, self._args_json
         priority = self.priority if opts.priority is None else opts.priority
-        when = opts.when(now)
+        when = opts.when(now, wall_offset)
         new = tuple.__new__  # a NamedTuple without its Python-level __new__: once per job
         if self.unique is None:
             return [new(NewJob, (name, queue, to_json(args), priority, when, attempts, None)) for args in many]
@@ -192,13 +223,14 @@ class JobKind(Generic[P, R]):
         self,
         *,
         delay: float | None = None,
-        run_at: float | None = None,
+        run_at: datetime.datetime | None = None,
         priority: int | None = None,
         unique_key: str | None = None,
     ) -> BoundEnqueue:
         """Enqueue with options: ``await kind.options(delay=5).enqueue(doc_id=1)`` (or
-        ``.enqueue_many(...)``, ``.enqueue_tx(conn, ...)``). The options are checked here
-        (`ConfigError`)."""
+        ``.enqueue_many(...)``, ``.enqueue_tx(conn, ...)``). `delay` is seconds from now, `run_at`
+        an aware datetime (wall-clock time; a naive one is a `ConfigError`). The options are
+        checked here (`ConfigError`)."""
         return BoundEnqueue(self, EnqueueOptions(delay=delay, run_at=run_at, priority=priority, unique_key=unique_key))
 
     async def enqueue(self, **args: Any) -> JobId:
@@ -223,15 +255,15 @@ class BoundEnqueue:
 
     async def enqueue(self, **args: Any) -> JobId:
         client = get_enqueuer(f"{self.kind.name}.enqueue()")
-        return (await client.insert([self.kind.new_job(args, self.opts, client.now())]))[0]
+        return (await client.insert([self.kind.new_job(args, self.opts, client.now(), client.wall_offset())]))[0]
 
     async def enqueue_many(self, many: Iterable[Mapping[str, Any]]) -> list[JobId]:
         client = get_enqueuer(f"{self.kind.name}.enqueue_many()")
-        return await client.insert(self.kind.new_jobs(many, self.opts, client.now()))
+        return await client.insert(self.kind.new_jobs(many, self.opts, client.now(), client.wall_offset()))
 
     async def enqueue_tx(self, conn: Any, **args: Any) -> JobId:
         client = get_enqueuer(f"{self.kind.name}.enqueue_tx()")
-        return (await client.insert_tx(conn, [self.kind.new_job(args, self.opts, client.now())]))[0]
+        return (await client.insert_tx(conn, [self.kind.new_job(args, self.opts, client.now(), client.wall_offset())]))[0]
 
 
 class App:
@@ -387,9 +419,6 @@ class App:
                 raise ConfigError(
                     f"job name {kind_name!r} is registered twice; pass name=... to tell them apart"
                 )
-            params = list(inspect.signature(fn).parameters.values())
-            if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
-                raise ConfigError(f"job handler {kind_name!r} must take the JobContext as its first argument")
             kind: JobKind[P, R] = JobKind(
                 fn,
                 name=kind_name,
@@ -405,6 +434,11 @@ class App:
             return kind
 
         return register
+
+    def uses_queue(self, name: str) -> bool:
+        """True if the queue was declared with `app.queue` or a job kind uses it (the "default"
+        queue exists either way)."""
+        return name in self._declared or any(k.queue == name for k in self._kinds.values())
 
     def kind(self, name: str) -> JobKind[Any, Any]:
         try:

@@ -146,6 +146,12 @@ class Runtime(Client):
         """Around the body of `open_runtime`: cancelled when a handler makes the process exit."""
         self._exit: BaseException | None = None
 
+    def workers_here(self) -> Mapping[str, tuple[int, int]]:
+        busy: dict[str, int] = {}
+        for attempt in self.attempts.values():
+            busy[attempt.job.queue] = busy.get(attempt.job.queue, 0) + 1
+        return {name: (ex.max_workers, busy.get(name, 0)) for name, ex in self.executors.items()}
+
     def __repr__(self) -> str:
         return f"<Runtime backend={self.backend.url!r} queues={sorted(self.executors)} closing={self.closing}>"
 

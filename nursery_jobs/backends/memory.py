@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import heapq
 import math
+import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Mapping, Sequence
 
@@ -129,12 +130,20 @@ class MemoryBackend:
         self._listeners: list[Listener] = []
         self._running: set[int] = set()
         self._next_id = 1
+        self._wall_offset: float | None = None
+        """Trio time minus Unix time, read once (`wall_offset`): the one mapping of wall-clock
+        `run_at`s onto this backend's clock, shared by every runtime on this instance."""
 
     def __repr__(self) -> str:
         return f"<MemoryBackend jobs={len(self._rows)}>"
 
     def now(self) -> float:
         return trio.current_time()
+
+    def wall_offset(self) -> float:
+        if self._wall_offset is None:
+            self._wall_offset = trio.current_time() - time.time()
+        return self._wall_offset
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)

@@ -180,6 +180,15 @@ class JobStore(Protocol):
         """The backend's clock, in seconds: every `run_at`, heartbeat and cutoff is on it."""
         ...
 
+    def wall_offset(self) -> float:
+        """Seconds to add to a Unix time to get the same instant on `now()`'s clock: 0.0 for a
+        clock that is Unix time (the durable backends' default). A clock that is not (Trio's,
+        on the memory backend or a test's durable one) is mapped by a pair of readings taken
+        once, at the first call, and kept for the backend's life: wall time on this backend
+        advances with its clock, so under `MockClock` a job scheduled an hour of wall time
+        ahead runs after an hour of virtual time. Never raises; constant for the backend."""
+        ...
+
     async def open(self) -> None:
         """Make the backend usable (connect, check the schema). Idempotent."""
         ...

@@ -255,6 +255,7 @@ class SqliteBackend:
         self.url = f"sqlite:///{path}"
         self._synchronous = synchronous
         self._clock = clock
+        self._wall_offset: float | None = None
         self._busy_timeout = busy_timeout
         self.outage_timeout = outage_timeout
         self._conn: sqlite3.Connection | None = None
@@ -276,6 +277,11 @@ class SqliteBackend:
 
     def now(self) -> float:
         return self._clock()
+
+    def wall_offset(self) -> float:
+        if self._wall_offset is None:
+            self._wall_offset = 0.0 if self._clock is time.time else self._clock() - time.time()
+        return self._wall_offset
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
