@@ -433,6 +433,7 @@ class App:
         timeout: float | None = 60.0,
         poll_interval: float | None = None,
         global_max_workers: int | None = None,
+        claim_ahead: bool = True,
     ) -> QueueConfig:
         """Declare a queue with its own pool of `max_workers` and per-attempt `timeout` seconds.
 
@@ -445,6 +446,11 @@ class App:
         another process runs it (default: the backend's, 1 s; use 0.1 for queues requests wait
         on).
 
+        `claim_ahead`: on a durable backend, a queue of two workers or more claims a few jobs
+        for workers that are still running, so that they do not wait for a claim's round trip
+        (see "Ordering" in the guarantees for what that changes); False claims only for idle
+        workers, and starts jobs in the strict claim order whenever a worker frees.
+
         Raises `ConfigError` for a bad value or a queue declared twice.
         """
         if name in self._declared:
@@ -452,8 +458,9 @@ class App:
         if any(k.queue == name for k in self._kinds.values()):
             raise ConfigError(f"queue {name!r} must be declared before the jobs that use it")
         cfg = QueueConfig(
-            name, max_workers=max_workers, timeout=timeout, poll_interval=poll_interval, global_max_workers=global_max_workers
-        )
+            name, max_workers=max_workers, timeout=timeout, poll_interval=poll_interval,
+            global_max_workers=global_max_workers, claim_ahead=claim_ahead,
+        )  # fmt: skip
         self._queues[name] = cfg
         self._declared.add(name)
         return cfg

@@ -157,6 +157,11 @@ def _non_negative(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         raise ConfigError(f"{attr.name} must be a finite number >= 0, not {value!r}")
 
 
+def _flag(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{attr.name} must be True or False, not {value!r}")
+
+
 @attrs.frozen
 class QueueConfig:
     """A named queue: its own worker pool and its hard per-attempt timeout.
@@ -177,6 +182,8 @@ class QueueConfig:
     def _check_global(self, _attr: attrs.Attribute[Any], value: Any) -> None:
         if value is not None:
             check_limit("global_max_workers", value)
+    claim_ahead: bool = attrs.field(default=True, validator=_flag)
+    """Claim jobs for workers still running (durable backends, queues of 2 workers or more)."""
 
 
 @attrs.frozen
