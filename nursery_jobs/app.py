@@ -11,7 +11,7 @@ import datetime
 import inspect
 import math
 from collections import abc
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, Mapping, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, Mapping, ParamSpec, Protocol, TypeVar, cast, overload
 
 import attrs
 
@@ -27,13 +27,14 @@ from .config import (
     check_timeout,
     check_unique_key,
 )
+from .cron import Cron, parse_schedule
 from .errors import ArgsError, ConfigError, UnknownJob
 from .jobs import ArgsChecker, Resource, Resources, check_context_param, encode_args
 
 if TYPE_CHECKING:
     from .jobs import JobContext, JobId
 
-__all__ = ["App", "EnqueueOptions", "JobKind"]
+__all__ = ["App", "EnqueueOptions", "JobKind", "Periodic"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -305,6 +306,43 @@ class BoundEnqueue:
         return (await client.insert_tx(conn, [self.kind.new_job(args, self.opts, client.now(), client.wall_offset())]))[0]
 
 
+MISSED = ("skip", "run_once")
+
+
+class PeriodicDecorator(Protocol):
+    """What `App.periodic` returns: applied to a `JobKind` (stacked above `@app.job`) or to an
+    ``async def`` (registered as a job first), it returns the kind, typed as the handler."""
+
+    @overload
+    def __call__(self, target: JobKind[P, R]) -> JobKind[P, R]: ...
+
+    @overload
+    def __call__(self, target: Callable[P, Awaitable[R]]) -> JobKind[P, R]: ...
+
+
+@attrs.frozen(eq=False)
+class Periodic:
+    """A periodic schedule of a job kind, made by `App.periodic`: at each tick of `cron` one
+    job of `kind` with `args` is enqueued (see docs/periodic.md)."""
+
+    name: str
+    kind: JobKind[Any, Any]
+    cron: Cron
+    missed: str
+    """"skip" or "run_once": what a scheduler that starts after ticks went by does about them."""
+    enabled: bool
+    run_at_start: bool
+    args: Mapping[str, Any]
+
+    @property
+    def schedule(self) -> str:
+        return self.cron.schedule
+
+    def new_job(self, now: float) -> NewJob:
+        """The job one tick enqueues."""
+        return self.kind.new_job(self.args, _NO_OPTIONS, now)
+
+
 class App:
     """The declaration of a service's background work.
 
@@ -322,6 +360,7 @@ class App:
         self._middleware: list[Middleware] = []
         """Run around every attempt, outermost first (see `execution.attempt.KindRunner`)."""
         self._resources: dict[str, Resource[Any]] = {}
+        self._periodic: dict[str, Periodic] = {}
 
     @property
     def queues(self) -> Mapping[str, QueueConfig]:
@@ -330,6 +369,11 @@ class App:
     @property
     def kinds(self) -> Mapping[str, JobKind[Any, Any]]:
         return dict(self._kinds)
+
+    @property
+    def periodic_schedules(self) -> Mapping[str, Periodic]:
+        """The declared periodic schedules (`App.periodic`), by name, in declaration order."""
+        return dict(self._periodic)
 
     @property
     def resources(self) -> Mapping[str, Resource[Any]]:
@@ -504,7 +548,7 @@ class App:
             self._kinds[kind_name] = kind
             return kind
 
-        return register
+        return cast(PeriodicDecorator, register)
 
     def uses_queue(self, name: str) -> bool:
         """True if the queue was declared with `app.queue` or a job kind uses it (the "default"
@@ -521,3 +565,80 @@ class App:
 
     def timeout_for(self, kind: JobKind[Any, Any]) -> float | None:
         return kind.timeout if kind.timeout is not None else self._queues[kind.queue].timeout
+
+    def periodic(
+        self,
+        schedule: str,
+        *,
+        queue: str | None = None,
+        timezone: str = "UTC",
+        missed: str = "skip",
+        enabled: bool = True,
+        run_at_start: bool = False,
+        name: str | None = None,
+        args: Mapping[str, Any] | None = None,
+    ) -> PeriodicDecorator:
+        """Enqueue a job of a kind on a schedule, from every process, with no leader: stacked
+        above `@app.job` (or on an `async def`, which it then registers as a job on `queue`)::
+
+            @app.periodic("*/5 * * * *", timezone="Europe/Paris")
+            @app.job(queue="maintenance")
+            async def purge(ctx): ...
+
+        `schedule`: a 5-field cron expression, 6 fields with seconds first, a macro (`@hourly`,
+        `@daily`/`@midnight`, `@weekly`, `@monthly`, `@yearly`) or `@every 10m`; evaluated in
+        `timezone` (an IANA name). Each tick enqueues exactly one job with `args` (default: none)
+        across every runtime on the store. `missed`: what a scheduler starting after ticks went
+        by unserved does: "skip" enqueues none of them, "run_once" one (the latest).
+        `run_at_start`: each runtime start also enqueues one job, unless one from a start is
+        still pending. `enabled=False` declares the schedule (listed by `rt.periodic()`) without
+        running it. `name` (default: the kind's name) tells two schedules of one kind apart.
+        Returns the job kind. Raises `ConfigError` for an invalid schedule, an unknown queue or
+        timezone, a bad `missed`, args that do not fit the handler, or a name used twice.
+        """
+        cron = parse_schedule(schedule, timezone)
+        if queue is not None and queue not in self._queues:
+            raise ConfigError(
+                f"periodic schedule {schedule!r} uses unknown queue {queue!r}; declare it first with "
+                f"app.queue({queue!r}, max_workers=...) (known: {sorted(self._queues)})"
+            )
+        if missed not in MISSED:
+            raise ConfigError(f"missed must be one of {MISSED}, not {missed!r}")
+        for flag, value in (("enabled", enabled), ("run_at_start", run_at_start)):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{flag} must be True or False, not {value!r}")
+        if args is not None and not isinstance(args, abc.Mapping):
+            raise ConfigError(f"args must be a mapping of the handler's keyword arguments, not {args!r}")
+        job_args = dict(args or {})
+        if name is not None:
+            check_name("periodic schedule", name)
+            if name in self._periodic:
+                raise ConfigError(f"periodic schedule {name!r} is declared twice; pass name=... to tell them apart")
+
+        def register(target: Any) -> Any:
+            if isinstance(target, JobKind):
+                kind: JobKind[Any, Any] = target
+                if queue is not None and queue != kind.queue:
+                    raise ConfigError(
+                        f"periodic schedule {schedule!r}: job {kind.name!r} runs on queue {kind.queue!r}, not "
+                        f"{queue!r}; set the queue on @app.job and leave it out of @app.periodic"
+                    )
+            else:
+                kind = self.job(queue=queue or DEFAULT_QUEUE)(target)
+            if self._kinds.get(kind.name) is not kind:
+                raise ConfigError(f"job {kind.name!r} is not registered on this app; stack @app.periodic above @app.job")
+            schedule_name = name if name is not None else kind.name
+            if schedule_name in self._periodic:
+                raise ConfigError(
+                    f"periodic schedule {schedule_name!r} is declared twice; pass name=... to tell them apart"
+                )
+            try:
+                kind._args_json(job_args)
+            except ArgsError as exc:
+                raise ConfigError(f"periodic schedule {schedule_name!r}: {exc}") from None
+            self._periodic[schedule_name] = Periodic(
+                schedule_name, kind, cron, missed, enabled, run_at_start, job_args
+            )
+            return kind
+
+        return register

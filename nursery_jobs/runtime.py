@@ -8,11 +8,12 @@ takes the whole runtime.
 Start order (each step only once the previous one is ready): validate the app and settings ->
 open the backend -> subscribe to its events -> the app's resources, in declaration order -> the
 backend's own service (LISTEN) -> completer -> heartbeats, cancel hints, rescuer, retention ->
-one executor per queue -> user code.
+the periodic scheduler -> one executor per queue -> user code.
 
 Shutdown reverses it, and every step is bounded:
 
-1. refuse new enqueues (`RuntimeClosed`) and stop claiming: fetchers stop, idle workers exit;
+1. stop the periodic scheduler, refuse new enqueues (`RuntimeClosed`) and stop claiming:
+   fetchers stop, idle workers exit;
 2. wait up to `grace` seconds for running attempts to finish on their own;
 3. cancel what is still running, with the reason "shutdown": those attempts are *interrupted*,
    not failed -- the attempt is given back and the job is available again (on durable backends,
@@ -46,7 +47,7 @@ import logging
 import math
 import random
 from collections import abc
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 import attrs
@@ -54,22 +55,34 @@ import trio
 
 from ._context import culprit_of, current_enqueuer, current_resources
 from .app import App
-from .backends import Backend, BackendEvent, CancelRequested, ClaimedJob, JobFinalized, JobsAvailable, open_backend
+from .backends import (
+    Backend,
+    BackendEvent,
+    CancelRequested,
+    ClaimedJob,
+    JobFinalized,
+    JobsAvailable,
+    LockStore,
+    ScheduleStore,
+    open_backend,
+)
 from .client import Client, QueueStats
 from .config import RuntimeSettings
+from .coordination.locks import Locks, Release
 from .coordination.receipts import Receipts
 from .errors import ConfigError
 from .execution.attempt import AttemptRegistry, KindRunner
 from .execution.completer import Completer
 from .execution.executor import QueueExecutor
 from .execution.resources import check_replacements, open_resources
-from .infra.owner import open_owner
+from .infra.owner import TaskOwner, open_owner
 from .infra.runner import run_trio, watch_shutdown_signals
 from .infra.threads import ThreadBudget, current_budget
 from .infra.watchdog import watch_blocked_loop
 from .services import ServiceSet
 from .services.backend import BackendService
 from .services.heartbeats import CancelHints, Heartbeats
+from .services.periodic import PeriodicInfo, Scheduler
 from .services.rescuer import Rescuer
 from .services.retention import Retention
 
@@ -134,6 +147,22 @@ class Runtime(Client):
                 ),
             ]
         )
+        schedules = list(app.periodic_schedules.values())
+        if schedules and not isinstance(backend, ScheduleStore):
+            raise ConfigError(
+                f"the app declares periodic schedules ({', '.join(s.name for s in schedules)}) but the backend "
+                f"{backend.url!r} cannot store them (it does not implement ScheduleStore)"
+            )
+        self.scheduler = (
+            Scheduler(backend, schedules, closing=lambda: self.closing)  # type: ignore[arg-type]
+            if schedules
+            else None
+        )
+        self.periodic_service = ServiceSet([self.scheduler] if self.scheduler is not None else [])
+        """Started after the other services, stopped first: when the shutdown begins, before
+        claiming stops (so no tick is enqueued once enqueues are refused)."""
+        self._task_owner: TaskOwner | None = None
+        self._locks = Locks(backend, lambda: self._task_owner) if isinstance(backend, LockStore) else None
         self.shutdown_requested = trio.Event()
         """Set when the service is asked to stop: at `nj.run`'s first signal and by
         `begin_shutdown` (so also when the runtime's shutdown begins). A server in `main` waits
@@ -183,9 +212,39 @@ class Runtime(Client):
         code (main) is still winding down; sets `shutdown_requested`. Leaving `open_runtime`
         does the rest."""
         self.shutdown_requested.set()
+        self.periodic_service.stop()
         self.closing = True
         for executor in self.executors.values():
             executor.stop_claiming()
+
+    def _lock_store(self) -> Locks:
+        if self._locks is None:
+            raise ConfigError(f"the backend {self.backend.url!r} has no locks (it does not implement LockStore)")
+        return self._locks
+
+    def lock(self, name: str, *, ttl: float = 30.0, timeout: float = 10.0) -> AbstractAsyncContextManager[None]:
+        """``async with rt.lock(name, ttl=30, timeout=10):`` holds the lock `name` across every
+        process on the store for the block: waits up to `timeout` seconds for it (then
+        `LockTimeout`; `timeout=0` tries once), renews it every ``ttl / 3``, releases it when
+        the block ends. If a renewal fails before the hold expires, the block is cancelled
+        there and `LockLost` is raised: it never runs unlocked. A crashed holder's lock frees
+        itself `ttl` seconds after its last renewal (docs/locks.md)."""
+        return self._lock_store().hold(name, ttl, timeout)
+
+    async def try_lock(self, name: str, *, ttl: float = 30.0) -> tuple[bool, Release]:
+        """``acquired, release = await rt.try_lock(name, ttl=30)``: one try, never waits. When
+        acquired, the runtime renews the lock every ``ttl / 3`` until ``await release()``
+        (idempotent, and safe to call when not acquired); a lost hold is logged and sets
+        `release.lost` (there is no block to cancel: use `rt.lock(name, timeout=0)` for that)."""
+        return await self._lock_store().try_lock(name, ttl)
+
+    async def periodic(self) -> list[PeriodicInfo]:
+        """Every schedule the app declares (`App.periodic`), enabled or not: its name,
+        schedule, timezone, kind, last tick (enqueued by any process), the next tick this
+        runtime will enqueue, and the last tick's job and its state now."""
+        if self.scheduler is None:
+            return []
+        return await self.scheduler.describe()
 
     def skip_grace(self) -> None:
         """End the grace period now (or make the coming shutdown skip it): running attempts
@@ -264,6 +323,7 @@ class Runtime(Client):
                     ", ".join(f"job {i}" for i in unwritten) or "none pending",
                     extra={"event": "shutdown_unwritten", "job_ids": unwritten, "backend": self.backend.url},
                 )
+            self.periodic_service.stop()
             self.services.stop()
             self.backend_service.stop()
 
@@ -350,9 +410,12 @@ async def open_runtime(
                 resources_token = current_resources.set(opened)
                 stack.callback(current_resources.reset, resources_token)
                 owner = await stack.enter_async_context(open_owner("nursery_jobs.runtime"))
+                rt._task_owner = owner
+                stack.callback(setattr, rt, "_task_owner", None)
                 await rt.backend_service.start(owner)
                 await owner.start(rt.completer.run, name="completer")
                 await rt.services.start(owner)
+                await rt.periodic_service.start(owner)
                 for name, executor in rt.executors.items():
                     await owner.start(executor.run, name=f"queue:{name}")
                 graceful = True

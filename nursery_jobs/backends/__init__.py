@@ -22,7 +22,10 @@ from .protocol import (
     Notifier,
     Outcome,
     OutcomeKind,
+    LockStore,
     QueueCounts,
+    ScheduleState,
+    ScheduleStore,
     TransactionalEnqueue,
 )
 from .registry import open_backend, register
@@ -43,7 +46,10 @@ __all__ = [
     "Notifier",
     "Outcome",
     "OutcomeKind",
+    "LockStore",
     "QueueCounts",
+    "ScheduleState",
+    "ScheduleStore",
     "TransactionalEnqueue",
     "open_backend",
     "register",

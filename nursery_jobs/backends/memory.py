@@ -51,6 +51,7 @@ from .protocol import (
     Outcome,
     OutcomeKind,
     QueueCounts,
+    ScheduleState,
 )
 
 _tuple_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
@@ -143,6 +144,8 @@ class MemoryBackend:
         self._parked: dict[str, dict[int, list[tuple[int, float, int, int]]]] = {}
         """key -> limit -> due-heap entries held back because the key was at that limit."""
         self._next_id = 1
+        self._schedules: dict[str, ScheduleState] = {}
+        self._locks: dict[str, tuple[str, float]] = {}
         self._wall_offset: float | None = None
         """Trio time minus Unix time, read once (`wall_offset`): the one mapping of wall-clock
         `run_at`s onto this backend's clock, shared by every runtime on this instance."""
@@ -157,6 +160,42 @@ class MemoryBackend:
         if self._wall_offset is None:
             self._wall_offset = trio.current_time() - time.time()
         return self._wall_offset
+
+    # -- ScheduleStore --
+
+    async def schedule_states(self, names: Sequence[str]) -> Mapping[str, ScheduleState]:
+        return {name: self._schedules[name] for name in names if name in self._schedules}
+
+    # -- LockStore --
+
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        now = self.now()
+        held = self._locks.get(name)
+        if held is not None and held[0] != owner and held[1] > now:
+            return False
+        self._locks[name] = (owner, now + ttl)
+        return True
+
+    async def renew_lock(self, name: str, owner: str, ttl: float) -> bool:
+        now = self.now()
+        held = self._locks.get(name)
+        if held is None or held[0] != owner or held[1] <= now:
+            return False
+        self._locks[name] = (owner, now + ttl)
+        return True
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        held = self._locks.get(name)
+        if held is not None and held[0] == owner:
+            del self._locks[name]
+
+    async def enqueue_tick(self, name: str, tick: float, job: NewJob) -> InsertResult | None:
+        state = self._schedules.get(name)
+        if state is not None and state.last_tick is not None and tick <= state.last_tick:
+            return None
+        (result,) = await self.insert_many([job])  # never yields: the two changes are one
+        self._schedules[name] = ScheduleState(tick, result.id)
+        return result
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)

@@ -94,6 +94,7 @@ from .protocol import (
     NewJob,
     Outcome,
     QueueCounts,
+    ScheduleState,
 )
 from .rows import counts_from_rows, job_from_row
 from .transitions import sql_case
@@ -909,6 +910,47 @@ class PostgresBackend:
 
     # -- transactions --
 
+    # -- ScheduleStore --
+
+    async def schedule_states(self, names: Sequence[str]) -> Mapping[str, ScheduleState]:
+        q = self._q["schedule_states"]
+        rows = await self._run(lambda c: _all(c, q, (list(names),)))
+        return {name: ScheduleState(float(tick), job_id) for name, tick, job_id in rows}
+
+    # -- LockStore --
+
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        now = self.now()
+        q = self._q["acquire_lock"]
+        return await self._run(lambda c: _one(c, q, (name, owner, now + ttl, now)), retry=False) is not None
+
+    async def renew_lock(self, name: str, owner: str, ttl: float) -> bool:
+        now = self.now()
+        q = self._q["renew_lock"]
+        return await self._run(lambda c: _one(c, q, (now + ttl, name, owner, now))) is not None
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        q = self._q["release_lock"]
+        await self._run(lambda c: _exec(c, q, (name, owner)))
+
+    async def enqueue_tick(self, name: str, tick: float, job: NewJob) -> InsertResult | None:
+        now = self.now()
+        run_at = now if job.run_at is None or job.run_at < now else job.run_at
+
+        async def body(conn: TrioConnection) -> InsertResult | None:
+            async with conn.transaction():
+                if await _one(conn, self._q["advance_tick"], (name, tick)) is None:
+                    return None
+                (result,) = await self._insert(_TrioSession(conn), [job], [run_at], now)
+                if not result.existing:
+                    await _exec(conn, self._q["tick_job"], (result.id, name))
+                return result
+
+        result: InsertResult | None = await self._run(body, retry=False)
+        if result is not None:
+            self._emit_inserted([job], [run_at], [result], now)
+        return result
+
     def _transaction_slots(self) -> trio.Semaphore:
         """At most `pool_size - (workers + 2)` transactions open at once: the connections the
         workers do not plan for (`check_budget`), so open transactions can never take one a
@@ -1398,6 +1440,25 @@ _QUERIES: dict[str, sql.SQL] = {
         " RETURNING id)"
         " SELECT id, (SELECT count(*) FROM (SELECT pg_notify(%s, %s)) x) FROM ins"
     ),
+    # Periodic schedules (migration 0008): the tick is taken only if later than the stored one;
+    # a concurrent upsert of the same tick waits for the row lock and then finds it taken.
+    "advance_tick": sql.SQL(
+        "INSERT INTO {s}.schedules AS sch (name, last_tick) VALUES (%s, %s) ON CONFLICT (name) DO UPDATE"
+        " SET last_tick = EXCLUDED.last_tick, last_job_id = NULL WHERE sch.last_tick < EXCLUDED.last_tick"
+        " RETURNING name"
+    ),
+    # Locks (migration 0008): a row per held lock, taken when free, expired or already ours.
+    "acquire_lock": sql.SQL(
+        "INSERT INTO {s}.locks AS l (name, owner, expires_at) VALUES (%s, %s, %s) ON CONFLICT (name) DO UPDATE"
+        " SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at"
+        " WHERE l.owner = EXCLUDED.owner OR l.expires_at <= %s RETURNING name"
+    ),
+    "renew_lock": sql.SQL(
+        "UPDATE {s}.locks SET expires_at = %s WHERE name = %s AND owner = %s AND expires_at > %s RETURNING name"
+    ),
+    "release_lock": sql.SQL("DELETE FROM {s}.locks WHERE name = %s AND owner = %s"),
+    "tick_job": sql.SQL("UPDATE {s}.schedules SET last_job_id = %s WHERE name = %s"),
+    "schedule_states": sql.SQL("SELECT name, last_tick, last_job_id FROM {s}.schedules WHERE name = ANY(%s)"),
     "find_unique": sql.SQL(
         "SELECT id FROM {s}.jobs WHERE unique_key = %s AND state NOT IN ('completed', 'discarded', 'cancelled')"
     ),

@@ -18,10 +18,13 @@ Capabilities:
 - `TransactionalEnqueue`: enqueue inside a database transaction, the backend's own
   (`transaction`) or the caller's, on the caller's own connection (SQLite, PostgreSQL; memory
   has a transaction of its own).
+- `LockStore`: named locks with an owner token and an expiry (`rt.lock`, `rt.try_lock`).
+- `ScheduleStore`: periodic schedules' last ticks, and a tick's job enqueued exactly once
+  across processes (a conditional update of the schedule's row, in the insert's transaction).
 - Per-key and per-queue concurrency limits are part of `claim` (a job carries its key and
   limit from `insert_many`; `claim` takes the queue's `max_running`): every backend enforces
   them, since a backend that ignored them would break the guarantee silently.
-- Coming capabilities (locks, the outbox, admin queries for the CLI and the dashboard) are
+- Coming capabilities (the outbox, admin queries for the CLI and the dashboard) are
   protocols of their own beside these, so a backend without them still works and says so by not
   implementing them.
 
@@ -60,6 +63,9 @@ __all__ = [
     "Outcome",
     "OutcomeKind",
     "QueueCounts",
+    "LockStore",
+    "ScheduleState",
+    "ScheduleStore",
     "TransactionalEnqueue",
 ]
 
@@ -355,4 +361,54 @@ class TransactionalEnqueue(Protocol):
         emitted after its commit; for a caller's own, none in-process -- other processes, and
         this one, hear of the jobs at the commit where the database can say so (PostgreSQL's
         NOTIFY), and at their next poll otherwise."""
+        ...
+
+
+class ScheduleState(NamedTuple):
+    last_tick: float | None
+    """The latest tick enqueued, as Unix time (None: never)."""
+    last_job_id: int | None
+    """The job that tick enqueued (None: never, or the tick's insert found its unique key held)."""
+
+
+@runtime_checkable
+class ScheduleStore(Protocol):
+    """Periodic schedules (`App.periodic`): one row per schedule name, holding its last tick as
+    Unix time (``now() - wall_offset()`` when it was due). No leader: every process's scheduler
+    calls `enqueue_tick`, and the row decides."""
+
+    async def schedule_states(self, names: Sequence[str]) -> Mapping[str, ScheduleState]:
+        """The stored state of each of `names` that has one (a schedule never ticked is absent).
+        Emits nothing."""
+        ...
+
+    async def enqueue_tick(self, name: str, tick: float, job: NewJob) -> InsertResult | None:
+        """If `tick` is later than the schedule's last tick, or it has none: in one
+        transaction, make `tick` its last tick, insert `job` as `insert_many` would (events
+        included, after the commit) and record the job's id; return the insert's result.
+        Otherwise change nothing and return None. So of any number of calls for one tick, from
+        any process, exactly one returns a result, and a schedule's ticks only move forward.
+        Cancel-atomic like `insert_many`; not retried on a lost connection."""
+        ...
+
+
+@runtime_checkable
+class LockStore(Protocol):
+    """Named locks: a row per held lock with its owner's token and an expiry on the backend's
+    clock (`now()`), so a crashed holder's lock frees itself after its ttl, whatever happened to
+    its connections. Every method is one short statement; none waits for a lock to be free."""
+
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        """Hold `name` for `owner` until ``now() + ttl`` if it is free, expired, or `owner`'s
+        already (then extended); True if `owner` holds it now. Of concurrent calls (any process)
+        for a free lock, exactly one returns True."""
+        ...
+
+    async def renew_lock(self, name: str, owner: str, ttl: float) -> bool:
+        """Extend `owner`'s hold on `name` to ``now() + ttl`` if `owner` holds it and it has not
+        expired; False otherwise (the hold is lost: it expired, and may be another's)."""
+        ...
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        """Free `name` if `owner` holds it (expired or not); nothing otherwise. Idempotent."""
         ...

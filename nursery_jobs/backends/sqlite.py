@@ -60,6 +60,7 @@ from .protocol import (
     NewJob,
     Outcome,
     QueueCounts,
+    ScheduleState,
 )
 from .transitions import CancelAction, admit, after_outcome, after_rescue, on_cancel
 from .rows import (
@@ -119,6 +120,10 @@ CREATE INDEX IF NOT EXISTS nj_jobs_finalized ON nj_jobs (state, finalized_at)
 -- While a job with a unique key is not final, no other job may hold that key.
 CREATE UNIQUE INDEX IF NOT EXISTS nj_jobs_unique ON nj_jobs (unique_key)
     WHERE unique_key IS NOT NULL AND state NOT IN ('completed', 'discarded', 'cancelled');
+-- Periodic schedules: each one's last enqueued tick (Unix time) and that tick's job.
+CREATE TABLE IF NOT EXISTS nj_schedules (name TEXT PRIMARY KEY, last_tick REAL NOT NULL, last_job_id INTEGER);
+-- Named locks (rt.lock): the holder's token and its expiry on the backend's clock.
+CREATE TABLE IF NOT EXISTS nj_locks (name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_at REAL NOT NULL);
 """
 
 _UPGRADE_2 = (
@@ -1055,3 +1060,84 @@ class SqliteBackend:
             self._emit(await self._call(self._tx, set_aside))
             rows = await self._call(body)
         return counts_from_rows(rows)
+
+    # -- ScheduleStore --
+
+    async def schedule_states(self, names: Sequence[str]) -> Mapping[str, ScheduleState]:
+        wanted = list(names)
+
+        def body() -> Any:
+            assert self._conn is not None
+            return self._conn.execute("SELECT name, last_tick, last_job_id FROM nj_schedules").fetchall()
+
+        out: dict[str, ScheduleState] = {}
+        for name, tick, job_id in await self._call(body):
+            if name in wanted:  # a value another writer left that is not a number reads as none
+                out[name] = ScheduleState(
+                    float(tick) if isinstance(tick, (int, float)) else None,
+                    job_id if isinstance(job_id, int) else None,
+                )
+        return out
+
+    # -- LockStore --
+
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        now = self.now()
+
+        def body(conn: sqlite3.Connection) -> bool:
+            # An expiry that is not a number (written by someone else) counts as expired.
+            row = conn.execute(
+                "INSERT INTO nj_locks (name, owner, expires_at) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE"
+                " SET owner = excluded.owner, expires_at = excluded.expires_at"
+                " WHERE nj_locks.owner = excluded.owner OR typeof(nj_locks.expires_at) NOT IN ('real', 'integer')"
+                " OR nj_locks.expires_at <= ? RETURNING name",
+                (name, owner, now + ttl, now),
+            ).fetchone()
+            return row is not None
+
+        held: bool = await self._call(self._tx, body)
+        return held
+
+    async def renew_lock(self, name: str, owner: str, ttl: float) -> bool:
+        now = self.now()
+
+        def body(conn: sqlite3.Connection) -> bool:
+            row = conn.execute(
+                "UPDATE nj_locks SET expires_at = ? WHERE name = ? AND owner = ? AND expires_at > ? RETURNING name",
+                (now + ttl, name, owner, now),
+            ).fetchone()
+            return row is not None
+
+        held: bool = await self._call(self._tx, body)
+        return held
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        def body(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM nj_locks WHERE name = ? AND owner = ?", (name, owner))
+
+        await self._call(self._tx, body)
+
+    async def enqueue_tick(self, name: str, tick: float, job: NewJob) -> InsertResult | None:
+        now = self.now()
+
+        def body(conn: sqlite3.Connection) -> InsertResult | None:
+            # The write lock is ours (BEGIN IMMEDIATE): the row's check and the insert are one.
+            # A last tick that is not a number (written by someone else) is replaced.
+            advanced = conn.execute(
+                "INSERT INTO nj_schedules (name, last_tick) VALUES (?, ?) ON CONFLICT (name) DO UPDATE"
+                " SET last_tick = excluded.last_tick, last_job_id = NULL"
+                " WHERE typeof(nj_schedules.last_tick) NOT IN ('real', 'integer')"
+                " OR nj_schedules.last_tick < excluded.last_tick RETURNING name",
+                (name, tick),
+            ).fetchone()
+            if advanced is None:
+                return None
+            (result,) = self._insert_rows(conn, [job], now)  # as insert_many stores it
+            if not result.existing:
+                conn.execute("UPDATE nj_schedules SET last_job_id = ? WHERE name = ?", (result.id, name))
+            return result
+
+        result: InsertResult | None = await self._call(self._tx, body)
+        if result is not None:
+            self._emit(_inserted_events([job], [result], now))
+        return result
