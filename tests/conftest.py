@@ -11,6 +11,16 @@ pytest_plugins = ["tests.timeouts"]
 
 _AS_CTRL_C = (signal.SIGTERM, signal.SIGHUP)
 
+# xdist workers for `-n auto` (pyproject.toml's addopts). The suite mostly waits -- on
+# PostgreSQL, on worker and pytest subprocesses, on private clusters -- so more workers than the
+# two cores overlap those waits; past 4, on two cores, they only contend for CPU.
+WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """PYTEST_XDIST_AUTO_NUM_WORKERS, when set, wins (xdist's own hook reads it)."""
+    return None if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") else WORKERS
+
 
 def _as_ctrl_c(signum: int, frame: object) -> None:
     # Whatever handles Ctrl-C at this moment (Python's, or Trio's inside a run) handles it.
@@ -42,6 +52,14 @@ def pg_url():
         yield url
     finally:
         pgutil.drop_database(url)
+
+
+@pytest.fixture
+def no_other_sweeps():
+    """For a test that kills a run and checks what the sweep does to what it left: no other
+    test's, session's or run's sweep (tests/pgutil.py) runs while it does."""
+    with pgutil.no_other_sweeps():
+        yield
 
 
 @pytest.fixture

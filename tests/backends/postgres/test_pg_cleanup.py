@@ -83,7 +83,7 @@ def test_the_session_database_is_dropped_however_the_run_ends(mode, tmp_path, pg
     assert not exists(name), f"{mode}: {name} was left behind:\n{out}"
 
 
-def test_a_killed_run_leaves_its_database_and_the_next_session_drops_it(tmp_path, pg_url):
+def test_a_killed_run_leaves_its_database_and_the_next_session_drops_it(no_other_sweeps, tmp_path, pg_url):
     url, out = run_planted(tmp_path, "SIGKILL")
     name = url.rpartition("/")[2]
     try:
@@ -103,7 +103,7 @@ def _create(name: str, comment: str | None) -> None:
             conn.execute(f"COMMENT ON DATABASE \"{name}\" IS '{comment}'")
 
 
-def test_the_sweep_never_drops_what_a_live_or_unknown_run_holds(pg_url):
+def test_the_sweep_never_drops_what_a_live_or_unknown_run_holds(no_other_sweeps, pg_url):
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     pid = holder.pid
     tagged, untagged, elsewhere = f"nj_test_{pid}", f"nj_test_{pid}_docs", f"nj_bench_pg_{pid}"
@@ -131,7 +131,7 @@ def test_the_sweep_never_drops_what_a_live_or_unknown_run_holds(pg_url):
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def test_a_reused_pid_does_not_keep_a_leftover(pg_url):
+def test_a_reused_pid_does_not_keep_a_leftover(no_other_sweeps, pg_url):
     # The tag holds the start time: the same pid, started at another time, is another process.
     name = f"nj_test_{os.getpid()}_reused"
     tag = pgutil.owner_tag()
