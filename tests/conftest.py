@@ -27,6 +27,38 @@ def _as_ctrl_c(signum: int, frame: object) -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The long tests (those that declare a time bound above the default: whole suites or
+    benchmarks in a subprocess) start first, one worker's share at a time: a long test left for
+    the end of a worker's share held the run's end by itself. xdist's worksteal hands each
+    worker a contiguous share of this order (and an idle worker steals from the tail of a busy
+    one), so the long tests are dealt to the heads of the shares; every worker computes the same
+    order, as xdist requires."""
+    default = float(config.getini("timeout"))
+
+    def declared_long(item: pytest.Item) -> bool:
+        marker = item.get_closest_marker("timeout")
+        bound = marker.args[0] if marker and marker.args else marker.kwargs.get("timeout") if marker else None
+        return bound is not None and float(bound) > default
+
+    long = [item for item in items if declared_long(item)]
+    if not long:
+        return
+    rest = [item for item in items if not declared_long(item)]
+    workers = max(1, int(getattr(config, "workerinput", {}).get("workercount", 1)))
+    heads: list[list[pytest.Item]] = [long[i::workers] for i in range(workers)]
+    ordered: list[pytest.Item] = []
+    left = len(items)
+    for i, head in enumerate(heads):
+        share = left // (workers - i)  # what worksteal sends this worker first
+        tail = max(0, share - len(head))
+        ordered += head + rest[:tail]
+        del rest[:tail]
+        left -= share
+    items[:] = ordered + rest
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """SIGTERM and SIGHUP (a CI job's end, a closed terminal) stop the run as Ctrl-C does, so
     the session's teardown still drops what it made; by default they would end the process on
