@@ -119,15 +119,52 @@ def watch(request: pytest.FixtureRequest, backend: B, in_flight: Callable[[B], b
     thread, or waiting on its socket): it does not jump while one is. Held weakly, so the
     backend (and the connections it holds) still goes when the test drops it."""
     ref = weakref.ref(backend)
+    starting = _count_start_up(backend)
 
     def busy() -> bool:
         instance = ref()
-        return instance is not None and in_flight(instance)
+        return instance is not None and (starting[0] > 0 or in_flight(instance))
 
     watched = request.node.stash.setdefault(_IN_FLIGHT, [])
     watched.append(busy)
     request.addfinalizer(watched.clear)
     request.addfinalizer(lambda: _collect_if_alive(ref))
+
+
+def _count_start_up(backend: Any) -> list[int]:
+    """Count the instance's `open` calls and `serve` start-ups in progress: they connect and
+    check the schema on connections of their own, before the pool `in_flight` sees exists."""
+    starting = [0]
+    open_, serve = backend.open, backend.serve
+
+    async def counted_open() -> None:
+        starting[0] += 1
+        try:
+            await open_()
+        finally:
+            starting[0] -= 1
+
+    async def counted_serve(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        pending = [True]
+
+        def done() -> None:
+            if pending[0]:
+                pending[0] = False
+                starting[0] -= 1
+
+        class Status:
+            def started(self, value: Any = None) -> None:
+                done()
+                task_status.started(value)
+
+        starting[0] += 1
+        try:
+            await serve(task_status=Status())
+        finally:
+            done()
+
+    backend.open, backend.serve = counted_open, counted_serve
+    return starting
 
 
 def _collect_if_alive(ref: weakref.ref[Any]) -> None:
