@@ -48,14 +48,14 @@ def _wait_for(path: Path, proc: subprocess.Popen[str], bound: float = 60) -> str
     raise AssertionError("the planted session never reached its test")
 
 
-def run_planted(tmp_path: Path, mode: str) -> tuple[str, str]:
+def run_planted(tmp_path: Path, mode: str, *options: str) -> tuple[str, str]:
     """Run the planted session and end it by `mode` ("fail" or a signal name); return the URL
     of the database it made and its output."""
     (tmp_path / "test_planted.py").write_text(PLANTED)
     ready = tmp_path / "ready"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NJ_PLANTED_READY": str(ready), "NJ_PLANTED_MODE": mode}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-q", "test_planted.py"],
+        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-q", *options, "test_planted.py"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -81,6 +81,15 @@ def test_the_session_database_is_dropped_however_the_run_ends(mode, tmp_path, pg
     assert name == f"nj_test_{name.split('_')[2]}" and name != pg_url.rpartition("/")[2]
     assert "1 failed" in out if mode == "fail" else "KeyboardInterrupt" in out, out
     assert not exists(name), f"{mode}: {name} was left behind:\n{out}"
+
+
+def test_a_signalled_parallel_run_drops_the_database_of_its_worker(tmp_path, pg_url):
+    """The suite runs in xdist workers: a SIGTERM to the run (the controller) still drops the
+    database the worker made (`nj_test_<worker pid>`)."""
+    url, out = run_planted(tmp_path, "SIGTERM", "-n", "1")
+    name = url.rpartition("/")[2]
+    assert name.startswith("nj_test_") and name != pg_url.rpartition("/")[2], out
+    assert not exists(name), f"{name} was left behind:\n{out}"
 
 
 def test_a_killed_run_leaves_its_database_and_the_next_session_drops_it(no_other_sweeps, tmp_path, pg_url):
