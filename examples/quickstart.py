@@ -169,13 +169,13 @@ class Service:
         assert self.final is not None
         elapsed = time.monotonic() - self.started_at
         print(f"\nsummary: all {self.jobs} jobs final in {elapsed:.2f} s")
-        print(f"{'queue':<9} {'completed':>9} {'retried':>8} {'snoozed':>8} {'failed':>7}")
+        print(f"{'queue':<9} {'completed':>9} {'retried':>8} {'snoozed':>8} {'discarded':>9}")
         for q in self.expected:
             s = self.final[q]
-            # `failed` counts failed attempts; those not ending in a discard were retried.
-            retried = s.failed - s.discarded
-            print(f"{q:<9} {s.completed:>9} {retried:>8} {Demo.snoozed[q]:>8} {s.discarded:>7}")
-        print("retried: failed attempts given another one; failed: jobs discarded for good")
+            # `failed_attempts` counts attempts; those that did not end a job as discarded were retried.
+            retried = s.failed_attempts - s.discarded
+            print(f"{q:<9} {s.completed:>9} {retried:>8} {Demo.snoozed[q]:>8} {s.discarded:>9}")
+        print("retried: failed attempts given another one; discarded: jobs failed for good")
 
     def print_shutdown(self) -> None:
         if self.at_signal is None:

@@ -20,15 +20,31 @@ is still running when the grace period ends.
     nj.run(main, app=app)
 """
 
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
+
 from .app import App, JobKind
 from .backends import Backend, open_backend
 from .backends.memory import MemoryBackend
 from .config import QueueConfig, RetryPolicy, RuntimeSettings
-from .errors import ArgsError, BackendError, BackendUnavailable, ConfigError, JobNotFound, NurseryJobsError, RuntimeClosed, UnknownJob
+from .errors import (
+    ArgsError,
+    BackendError,
+    BackendUnavailable,
+    ConfigError,
+    JobNotFound,
+    NurseryJobsError,
+    ResourceError,
+    RuntimeClosed,
+    UnknownJob,
+)
 from .infra.threads import run_blocking
-from .jobs import Discard, Job, JobContext, JobError, JobId, JobState, Receipt, Snooze
-from .client import QueueStats
+from .jobs import Discard, Job, JobContext, JobError, JobId, JobState, Receipt, Resource, Resources, Snooze
+from .client import Client, QueueStats
 from .runtime import Runtime, open_runtime, run
+
+if _TYPE_CHECKING:
+    from . import testing as testing
 
 __all__ = [
     "App",
@@ -36,6 +52,7 @@ __all__ = [
     "Backend",
     "BackendError",
     "BackendUnavailable",
+    "Client",
     "ConfigError",
     "Discard",
     "Job",
@@ -50,6 +67,9 @@ __all__ = [
     "QueueConfig",
     "QueueStats",
     "Receipt",
+    "Resource",
+    "ResourceError",
+    "Resources",
     "RetryPolicy",
     "Runtime",
     "RuntimeClosed",
@@ -63,3 +83,12 @@ __all__ = [
 ]
 
 __version__ = "0.1.0.dev0"
+
+
+def __getattr__(name: str) -> _Any:
+    # `nj.testing` without importing it in every service: the kit is for tests.
+    if name == "testing":
+        import importlib
+
+        return importlib.import_module(".testing", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,5 +1,6 @@
-"""The context's client and job: for `JobKind.enqueue` and for the blocked-loop watchdog, which
-asks which job a task's step belonged to.
+"""The context's client, resources and job: for `JobKind.enqueue`, for `ctx.client` and
+`ctx.resources`, and for the blocked-loop watchdog, which asks which job a task's step belonged
+to.
 
 ContextVars only, and the small protocol the client meets (`Enqueuer`), so that this bottom
 module never imports the layers that set them.
@@ -8,12 +9,13 @@ module never imports the layers that set them.
 from __future__ import annotations
 
 import contextvars
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import trio
 
 from .errors import RuntimeClosed
 from .infra.watchdog import Culprit
+from .jobs import Resources
 
 if TYPE_CHECKING:
     from .backends.protocol import ClaimedJob, NewJob
@@ -28,8 +30,16 @@ class Enqueuer(Protocol):
         """The backend's clock (a `delay=` becomes a `run_at` on it)."""
         ...
 
+    def wall_offset(self) -> float:
+        """What maps a wall-clock `run_at` onto that clock (`Backend.wall_offset`)."""
+        ...
+
     async def insert(self, jobs: Sequence[NewJob]) -> list[JobId]:
         """Store `jobs` (cancel-atomic; `RuntimeClosed` once shutdown began)."""
+        ...
+
+    async def insert_tx(self, conn: Any, jobs: Sequence[NewJob]) -> list[JobId]:
+        """Store `jobs` inside the transaction open on `conn` (`Client.enqueue_tx`)."""
         ...
 
 
@@ -46,6 +56,13 @@ def get_enqueuer(what: str) -> Enqueuer:
             "`async with nursery_jobs.open_runtime(app) as rt:` (or from a job), or use rt directly"
         )
     return client
+
+
+current_resources: contextvars.ContextVar[Resources] = contextvars.ContextVar(
+    "nursery_jobs.current_resources", default=Resources({})
+)
+"""The open resources of the runtime this task runs under (set by `open_runtime` before any
+queue starts, so every worker and job inherits it)."""
 
 
 current_job_id: contextvars.ContextVar[int | None] = contextvars.ContextVar("nursery_jobs.current_job_id", default=None)

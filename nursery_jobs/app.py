@@ -7,10 +7,11 @@ is declared, so a typo fails at import, not at three in the morning.
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import math
 from collections import abc
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generic, Iterable, Mapping, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, Mapping, ParamSpec, TypeVar
 
 import attrs
 
@@ -18,7 +19,7 @@ from ._context import get_enqueuer
 from .backends.protocol import NewJob
 from .config import DEFAULT_QUEUE, QueueConfig, RetryPolicy, check_name, check_priority, check_timeout, check_unique_key
 from .errors import ArgsError, ConfigError, UnknownJob
-from .jobs import encode_args
+from .jobs import ArgsChecker, Resource, Resources, check_context_param, encode_args
 
 if TYPE_CHECKING:
     from .jobs import JobContext, JobId
@@ -27,6 +28,7 @@ __all__ = ["App", "EnqueueOptions", "JobKind"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 Handler = Callable[..., Awaitable[Any]]
 Middleware = Callable[["JobContext", Callable[["JobContext"], Awaitable[Any]]], Awaitable[Any]]
@@ -43,8 +45,18 @@ def _check_delay(_inst: Any, _attr: Any, value: Any) -> None:
 
 
 def _check_run_at(_inst: Any, _attr: Any, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
-        raise ConfigError(f"run_at must be a finite time on the backend's clock, not {value!r}")
+    if value is None:
+        return
+    if not isinstance(value, datetime.datetime):
+        raise ConfigError(
+            f"run_at must be an aware datetime (wall-clock time), not {value!r}: pass "
+            "datetime.now(timezone.utc) + timedelta(...), or delay= in seconds"
+        )
+    if value.utcoffset() is None:
+        raise ConfigError(
+            f"run_at {value!r} is a naive datetime, which could mean any time zone: pass tzinfo, "
+            "e.g. datetime(2030, 1, 1, 9, 0, tzinfo=timezone.utc) or dt.astimezone()"
+        )
 
 
 def _check_priority(_inst: Any, _attr: Any, value: Any) -> None:
@@ -63,7 +75,7 @@ class EnqueueOptions:
     not once per job. `priority` None: the kind's."""
 
     delay: float | None = attrs.field(default=None, validator=_check_delay)
-    run_at: float | None = attrs.field(default=None, validator=_check_run_at)
+    run_at: datetime.datetime | None = attrs.field(default=None, validator=_check_run_at)
     priority: int | None = attrs.field(default=None, validator=_check_priority)
     unique_key: str | None = attrs.field(default=None, validator=_check_key)
 
@@ -71,14 +83,22 @@ class EnqueueOptions:
         if self.delay is not None and self.run_at is not None:
             raise ConfigError("pass delay= or run_at=, not both")
 
-    def when(self, now: float) -> float | None:
-        """The job's run_at on the backend's clock (None: due now)."""
+    def when(self, now: float, wall_offset: float = 0.0) -> float | None:
+        """The job's run_at on the backend's clock (None: due now), given the clock's `now` and
+        its `wall_offset` (`Backend.wall_offset`: what maps a wall-clock `run_at` onto it)."""
         if self.delay is not None:
             return now + self.delay if self.delay > 0 else None
-        return self.run_at
+        if self.run_at is not None:
+            return self.run_at.timestamp() + wall_offset
+        return None
 
 
 _NO_OPTIONS = EnqueueOptions()
+
+
+def _short(args: Mapping[str, Any]) -> str:
+    text = repr(dict(args))
+    return text if len(text) <= 200 else f"{text[:200]}..."
 
 
 def _signature(kind: JobKind[Any, Any]) -> inspect.Signature:
@@ -90,8 +110,9 @@ class JobKind(Generic[P, R]):
     """A registered job kind: the handler plus its queue, timeout and retry settings, made by
     `@app.job`.
 
-    Calling it calls the handler directly (handy in unit tests); `enqueue` and `enqueue_many`
-    put jobs on the runtime of the current context; `new_job` builds the job a backend stores.
+    Calling it calls the handler directly (handy in unit tests); `enqueue`, `enqueue_many` and
+    `enqueue_tx` (inside a transaction) put jobs on the runtime of the current context;
+    `new_job` builds the job a backend stores.
     """
 
     fn: Callable[..., Awaitable[R]]
@@ -108,8 +129,11 @@ class JobKind(Generic[P, R]):
     _keywords: frozenset[str] = attrs.field(init=False, default=frozenset())
     _required: frozenset[str] = attrs.field(init=False, default=frozenset())
     _simple: bool = attrs.field(init=False, default=True)
+    _types: ArgsChecker | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
+        hints = check_context_param(self.fn, self.name)
+        object.__setattr__(self, "_types", ArgsChecker.build(self.fn, self.name, hints))
         params = list(self.signature.parameters.values())[1:]
         plain = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         object.__setattr__(self, "_var_keyword", any(p.kind is p.VAR_KEYWORD for p in params))
@@ -152,7 +176,10 @@ class JobKind(Generic[P, R]):
         try:
             self.signature.bind(None, **args)
         except TypeError as exc:
-            raise ArgsError(f"args {dict(args)!r} do not fit job {self.name!r}{self.signature}: {exc}") from None
+            takes = ", ".join(str(p) for p in list(self.signature.parameters.values())[1:]) or "no arguments"
+            raise ArgsError(
+                f"args {_short(args)} do not fit job {self.name!r}: {exc} (it takes {takes})"
+            ) from None
 
     def _args_json(self, args: Mapping[str, Any]) -> str:
         if type(args) is not dict:
@@ -162,24 +189,30 @@ class JobKind(Generic[P, R]):
                 )
             args = dict(args)
         self.check_args(args)
-        return encode_args(args)
+        text = encode_args(args)  # JSON values first: a tuple is refused as a tuple, whatever the annotation
+        if self._types is not None:
+            self._types.check(args)
+        return text
 
-    def new_job(self, args: Mapping[str, Any], opts: EnqueueOptions, now: float) -> NewJob:
-        """The job a backend stores for one enqueue of `args` (validated: `ArgsError`)."""
+    def new_job(self, args: Mapping[str, Any], opts: EnqueueOptions, now: float, wall_offset: float = 0.0) -> NewJob:
+        """The job a backend stores for one enqueue of `args` (validated: `ArgsError`); `now`
+        and `wall_offset` are the backend's (`EnqueueOptions.when`)."""
         key = opts.unique_key
         if key is None and self.unique is not None:
             key = self.unique_key_for(args)
         priority = self.priority if opts.priority is None else opts.priority
-        return NewJob(self.name, self.queue, self._args_json(args), priority, opts.when(now), self.max_attempts, key)
+        return NewJob(self.name, self.queue, self._args_json(args), priority, opts.when(now, wall_offset), self.max_attempts, key)
 
-    def new_jobs(self, many: Iterable[Mapping[str, Any]], opts: EnqueueOptions, now: float) -> list[NewJob]:
+    def new_jobs(
+        self, many: Iterable[Mapping[str, Any]], opts: EnqueueOptions, now: float, wall_offset: float = 0.0
+    ) -> list[NewJob]:
         """One job per mapping of `many` (all validated first: one bad mapping refuses the batch);
         a kind with a `unique` function gives each job its own key."""
         if opts.unique_key is not None:
             raise ConfigError("unique_key applies to enqueue(), not enqueue_many(): one key cannot name many jobs")
         name, queue, attempts, to_json = self.name, self.queue, self.max_attempts, self._args_json
         priority = self.priority if opts.priority is None else opts.priority
-        when = opts.when(now)
+        when = opts.when(now, wall_offset)
         new = tuple.__new__  # a NamedTuple without its Python-level __new__: once per job
         if self.unique is None:
             return [new(NewJob, (name, queue, to_json(args), priority, when, attempts, None)) for args in many]
@@ -190,12 +223,14 @@ class JobKind(Generic[P, R]):
         self,
         *,
         delay: float | None = None,
-        run_at: float | None = None,
+        run_at: datetime.datetime | None = None,
         priority: int | None = None,
         unique_key: str | None = None,
     ) -> BoundEnqueue:
-        """Enqueue with options: ``await kind.options(delay=5).enqueue(doc_id=1)``. The options
-        are checked here (`ConfigError`)."""
+        """Enqueue with options: ``await kind.options(delay=5).enqueue(doc_id=1)`` (or
+        ``.enqueue_many(...)``, ``.enqueue_tx(conn, ...)``). `delay` is seconds from now, `run_at`
+        an aware datetime (wall-clock time; a naive one is a `ConfigError`). The options are
+        checked here (`ConfigError`)."""
         return BoundEnqueue(self, EnqueueOptions(delay=delay, run_at=run_at, priority=priority, unique_key=unique_key))
 
     async def enqueue(self, **args: Any) -> JobId:
@@ -206,6 +241,12 @@ class JobKind(Generic[P, R]):
         """Enqueue one job per mapping of keyword arguments, in one backend call."""
         return await BoundEnqueue(self, _NO_OPTIONS).enqueue_many(many)
 
+    async def enqueue_tx(self, conn: Any, **args: Any) -> JobId:
+        """Enqueue one job inside the transaction open on `conn` (`rt.transaction()`'s, or a
+        connection of your own: see `Client.enqueue_tx`); returns its id. The job exists only
+        if that transaction commits."""
+        return await BoundEnqueue(self, _NO_OPTIONS).enqueue_tx(conn, **args)
+
 
 @attrs.frozen
 class BoundEnqueue:
@@ -214,11 +255,15 @@ class BoundEnqueue:
 
     async def enqueue(self, **args: Any) -> JobId:
         client = get_enqueuer(f"{self.kind.name}.enqueue()")
-        return (await client.insert([self.kind.new_job(args, self.opts, client.now())]))[0]
+        return (await client.insert([self.kind.new_job(args, self.opts, client.now(), client.wall_offset())]))[0]
 
     async def enqueue_many(self, many: Iterable[Mapping[str, Any]]) -> list[JobId]:
         client = get_enqueuer(f"{self.kind.name}.enqueue_many()")
-        return await client.insert(self.kind.new_jobs(many, self.opts, client.now()))
+        return await client.insert(self.kind.new_jobs(many, self.opts, client.now(), client.wall_offset()))
+
+    async def enqueue_tx(self, conn: Any, **args: Any) -> JobId:
+        client = get_enqueuer(f"{self.kind.name}.enqueue_tx()")
+        return (await client.insert_tx(conn, [self.kind.new_job(args, self.opts, client.now(), client.wall_offset())]))[0]
 
 
 class App:
@@ -237,6 +282,7 @@ class App:
         self.retry = RetryPolicy()
         self._middleware: list[Middleware] = []
         """Run around every attempt, outermost first (see `execution.attempt.KindRunner`)."""
+        self._resources: dict[str, Resource[Any]] = {}
 
     @property
     def queues(self) -> Mapping[str, QueueConfig]:
@@ -245,6 +291,56 @@ class App:
     @property
     def kinds(self) -> Mapping[str, JobKind[Any, Any]]:
         return dict(self._kinds)
+
+    @property
+    def resources(self) -> Mapping[str, Resource[Any]]:
+        """The declared resources, in declaration order (the order they open in)."""
+        return dict(self._resources)
+
+    def resource(self, fn: Callable[[], AsyncIterator[T]]) -> Resource[T]:
+        """Declare a resource the jobs share: ``@app.resource`` on an async generator function
+        that takes no argument and yields the value once::
+
+            @app.resource
+            async def http() -> AsyncIterator[httpx.AsyncClient]:
+                async with httpx.AsyncClient() as client:
+                    yield client
+
+        The runtime opens every resource before any queue starts, in declaration order, and
+        closes them in reverse order after the last attempt has ended (after the grace and the
+        unwinding); each open and each close is bounded by `RuntimeSettings.resource_bound`.
+        Handlers read ``ctx.resources.http`` or, typed, ``ctx.resources[http]`` with the
+        `Resource` handle returned here. Raises `ConfigError` for a function that is not an
+        async generator function, takes arguments, or repeats a resource's name.
+        """
+        label = getattr(fn, "__qualname__", fn)
+        if not inspect.isasyncgenfunction(fn):
+            raise ConfigError(
+                f"resource {label!r} must be an async generator function that yields its value once: "
+                "`async def http(): async with httpx.AsyncClient() as client: yield client`"
+            )
+        name = getattr(fn, "__name__", "")
+        if not name.isidentifier() or name.startswith("_") or hasattr(Resources, name):
+            raise ConfigError(
+                f"resource name {name!r} cannot be read as ctx.resources.{name}: name the function "
+                "with a public identifier that is not a method of a mapping (keys, get, items, values)"
+            )
+        if name in self._resources:
+            raise ConfigError(f"resource {name!r} is declared twice; declare each resource once")
+        required = [
+            p.name
+            for p in inspect.signature(fn).parameters.values()
+            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+        if required:
+            raise ConfigError(
+                f"resource {name!r} must take no arguments (it takes {required}); read settings from "
+                "the environment or a module-level value, or replace it in tests with "
+                "open_runtime(app, resources={...})"
+            )
+        handle: Resource[T] = Resource(name, fn)
+        self._resources[name] = handle
+        return handle
 
     def queue(
         self, name: str, *, max_workers: int, timeout: float | None = 60.0, poll_interval: float | None = None
@@ -312,9 +408,6 @@ class App:
                 raise ConfigError(
                     f"job name {kind_name!r} is registered twice; pass name=... to tell them apart"
                 )
-            params = list(inspect.signature(fn).parameters.values())
-            if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
-                raise ConfigError(f"job handler {kind_name!r} must take the JobContext as its first argument")
             kind: JobKind[P, R] = JobKind(
                 fn,
                 name=kind_name,
@@ -330,6 +423,11 @@ class App:
             return kind
 
         return register
+
+    def uses_queue(self, name: str) -> bool:
+        """True if the queue was declared with `app.queue` or a job kind uses it (the "default"
+        queue exists either way)."""
+        return name in self._declared or any(k.queue == name for k in self._kinds.values())
 
     def kind(self, name: str) -> JobKind[Any, Any]:
         try:

@@ -4,6 +4,7 @@
 |---|---|---|---|
 | `grace` | 20 s | how long shutdown waits for running jobs before cancelling them | a rolling redeploy stops every process in turn: 20 s lets most jobs finish; a job cut at the end is interrupted, not failed, and on a durable backend runs again, so a longer grace would only slow the deploy and risk the process manager's kill |
 | `flush_bound` | 5 s | how long shutdown gives cancelled jobs' cleanup and the final completer flush | shutdown must be bounded; cleanup runs shielded but never unbounded |
+| `resource_bound` | 5 s | how long each `@app.resource` may take to open at start-up, and to close at shutdown | every wait has a bound: a resource that hangs at start-up is an error naming it, one that hangs at close is cancelled and reported while the others still close |
 | `max_workers` ("default" queue) | 10 (at most 10,000 per queue) | jobs at once in the default queue | a pool per queue keeps a slow queue from starving another; each worker is a task, so past 10,000 run more processes |
 | `timeout` ("default" queue) | 60 s | hard per-attempt timeout (a Trio cancel scope) | River's default `JobTimeout` of 1 min; every wait is bounded |
 | `max_attempts` | 25 | attempts before a failing job is discarded | River's count: with the default backoff, about three days of retries |
@@ -203,6 +204,7 @@ class RuntimeSettings:
 
     grace: float = attrs.field(default=20.0, validator=_non_negative)
     flush_bound: float = attrs.field(default=5.0, validator=_non_negative)
+    resource_bound: float = attrs.field(default=5.0, validator=_at_least(0.001))
     max_waiters: int = attrs.field(default=64, validator=_positive_int)
     thread_limit: int = attrs.field(default=16, validator=_positive_int)
     heartbeat_interval: float = attrs.field(default=5.0, validator=_at_least(0.01))

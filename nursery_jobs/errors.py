@@ -11,8 +11,11 @@ __all__ = [
     "BackendError",
     "BackendUnavailable",
     "ConfigError",
+    "DrainIncomplete",
     "JobNotFound",
+    "NotIdempotent",
     "NurseryJobsError",
+    "ResourceError",
     "RuntimeClosed",
     "UnknownJob",
 ]
@@ -60,3 +63,26 @@ class BackendError(NurseryJobsError, RuntimeError):
 
 class RuntimeClosed(NurseryJobsError, RuntimeError):
     """The runtime is shutting down or closed, or there is no runtime in this context."""
+
+
+class ResourceError(NurseryJobsError, RuntimeError):
+    """A resource declared with `@app.resource` failed to open, or to close.
+
+    At start-up the message names the resource that did not open (an error from its code, or no
+    value within `resource_bound`); the runtime claims no job, closes the resources it had opened
+    and raises it from `open_runtime`. At shutdown, a resource whose close raised or did not end
+    within `resource_bound` is logged when it happens and raised after every other resource has
+    closed. The resource's own error is the `__cause__`.
+    """
+
+
+class DrainIncomplete(NurseryJobsError, AssertionError):
+    """A test's `rt.drain()` (or `nursery_jobs.testing.run_job`) hit its bound with jobs due
+    within the horizon still not final: a job that snoozes or retries forever, or a handler that
+    never returns. The message lists each such job; an AssertionError, so a test fails on it."""
+
+
+class NotIdempotent(NurseryJobsError, AssertionError):
+    """`nursery_jobs.testing.check_at_least_once` found a checkpoint of the handler where an
+    interruption and a second run leave other effects than one clean run; the message names the
+    checkpoint's file and line and shows both observations."""

@@ -6,8 +6,9 @@ backend's events to them, and owns the order in which they start and stop. Nothi
 takes the whole runtime.
 
 Start order (each step only once the previous one is ready): validate the app and settings ->
-open the backend -> subscribe to its events -> the backend's own service (LISTEN) -> completer
--> heartbeats, cancel hints, rescuer, retention -> one executor per queue -> user code.
+open the backend -> subscribe to its events -> the app's resources, in declaration order -> the
+backend's own service (LISTEN) -> completer -> heartbeats, cancel hints, rescuer, retention ->
+one executor per queue -> user code.
 
 Shutdown reverses it, and every step is bounded:
 
@@ -21,8 +22,9 @@ Shutdown reverses it, and every step is bounded:
    completer, which writes every outcome still pending -- if the backend does not take them in
    time, the completer is abandoned and the unwritten job ids are logged (on a durable backend
    those jobs stay running and are rescued);
-6. within a last `flush_bound`: write what torn-down tasks gave back, unsubscribe, and close the
-   backend if the runtime opened it.
+6. once every task has ended, close the resources in reverse order (each within
+   `resource_bound`, see `execution/resources.py`); then within a last `flush_bound`: write
+   what torn-down tasks gave back, unsubscribe, and close the backend if the runtime opened it.
 
 The sequence runs shielded from outside cancellation but inside its own bounds, so `open_runtime`
 exits within `grace + 3 * flush_bound` -- even when the backend stops answering -- as long as
@@ -30,6 +32,12 @@ job code honours cancellation (a job that
 shields itself forever cannot be killed in Trio; the runtime names it in a warning instead).
 If the body is left by a cancellation from outside (or Ctrl-C), there is no grace: step 2 is
 skipped. `skip_grace()` (the second signal in `run`) ends step 2 early.
+
+`run` puts one step before these: at the first signal it sets `shutdown_requested`; with
+`main_grace` it lets `main` return on its own for that long (the runtime keeps serving it:
+enqueues accepted, jobs claimed, receipts delivered, so a server's requests in flight get their
+answers) before cancelling it; without, it cancels `main` and does step 1 at once. The sequence
+above starts when `main` is done.
 """
 
 from __future__ import annotations
@@ -39,12 +47,12 @@ import math
 import random
 from collections import abc
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 import attrs
 import trio
 
-from ._context import culprit_of, current_enqueuer
+from ._context import culprit_of, current_enqueuer, current_resources
 from .app import App
 from .backends import Backend, BackendEvent, CancelRequested, ClaimedJob, JobFinalized, JobsAvailable, open_backend
 from .client import Client, QueueStats
@@ -54,6 +62,7 @@ from .errors import ConfigError
 from .execution.attempt import AttemptRegistry, KindRunner
 from .execution.completer import Completer
 from .execution.executor import QueueExecutor
+from .execution.resources import check_replacements, open_resources
 from .infra.owner import open_owner
 from .infra.runner import run_trio, watch_shutdown_signals
 from .infra.threads import ThreadBudget, current_budget
@@ -73,7 +82,8 @@ T = TypeVar("T")
 
 class Runtime(Client):
     """The live handle `open_runtime` yields: a `Client` (enqueue, get_job, wait, cancel,
-    stats) and the runtime's lifecycle (`begin_shutdown`, `skip_grace`, `interrupted`). Its
+    stats) and the runtime's lifecycle (`shutdown_requested`, `begin_shutdown`, `skip_grace`,
+    `interrupted`). Its
     methods are safe to call from any task of the service; each is a Trio checkpoint and each
     wait in it is bounded."""
 
@@ -124,6 +134,10 @@ class Runtime(Client):
                 ),
             ]
         )
+        self.shutdown_requested = trio.Event()
+        """Set when the service is asked to stop: at `nj.run`'s first signal and by
+        `begin_shutdown` (so also when the runtime's shutdown begins). A server in `main` waits
+        on it to stop accepting and drain (``shutdown_trigger=rt.shutdown_requested.wait``)."""
         self.interrupted: list[int] = []
         """Ids of the attempts the last shutdown interrupted (available again, attempt given back)."""
         self._grace_scope: trio.CancelScope | None = None
@@ -131,6 +145,12 @@ class Runtime(Client):
         self._body_scope = trio.CancelScope()
         """Around the body of `open_runtime`: cancelled when a handler makes the process exit."""
         self._exit: BaseException | None = None
+
+    def workers_here(self) -> Mapping[str, tuple[int, int]]:
+        busy: dict[str, int] = {}
+        for attempt in self.attempts.values():
+            busy[attempt.job.queue] = busy.get(attempt.job.queue, 0) + 1
+        return {name: (ex.max_workers, busy.get(name, 0)) for name, ex in self.executors.items()}
 
     def __repr__(self) -> str:
         return f"<Runtime backend={self.backend.url!r} queues={sorted(self.executors)} closing={self.closing}>"
@@ -160,7 +180,9 @@ class Runtime(Client):
 
     def begin_shutdown(self) -> None:
         """Start the shutdown now: refuse enqueues and stop claiming, while the service's own
-        code (main) is still winding down. Leaving `open_runtime` does the rest."""
+        code (main) is still winding down; sets `shutdown_requested`. Leaving `open_runtime`
+        does the rest."""
+        self.shutdown_requested.set()
         self.closing = True
         for executor in self.executors.values():
             executor.stop_claiming()
@@ -184,6 +206,7 @@ class Runtime(Client):
                 job.id,
                 job.kind,
                 type(exc).__name__,
+                extra={"event": "process_exit", "job_id": job.id, "kind": job.kind, "queue": job.queue},
             )
         self.begin_shutdown()
         self.skip_grace()
@@ -208,6 +231,7 @@ class Runtime(Client):
                     "shutdown: grace over, interrupting %d running attempts (they become available again): %s",
                     len(cut),
                     ", ".join(f"job {a.job.id} ({a.job.kind})" for a in cut),
+                    extra={"event": "shutdown_interrupting", "job_ids": self.interrupted},
                 )
             for executor in self.executors.values():
                 executor.cancel_running("shutdown")
@@ -219,6 +243,7 @@ class Runtime(Client):
                     "shutdown: %s ignored cancellation for %g s; the runtime waits for them to unwind",
                     stuck or "some attempts",
                     settings.flush_bound,
+                    extra={"event": "shutdown_unwind_slow", "job_ids": [a.job.id for a in self.attempts.values()]},
                 )
             with trio.move_on_after(settings.flush_bound) as flush:
                 # A claim in flight when claiming stopped hands its jobs back through the
@@ -237,6 +262,7 @@ class Runtime(Client):
                     "after rescue_after",
                     settings.flush_bound,
                     ", ".join(f"job {i}" for i in unwritten) or "none pending",
+                    extra={"event": "shutdown_unwritten", "job_ids": unwritten, "backend": self.backend.url},
                 )
             self.services.stop()
             self.backend_service.stop()
@@ -265,6 +291,7 @@ async def open_runtime(
     grace: float | None = None,
     queues: Sequence[str] | None = None,
     settings: RuntimeSettings | None = None,
+    resources: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[Runtime]:
     """Run `app`'s queues for the duration of the block and yield the live `Runtime`.
 
@@ -274,8 +301,13 @@ async def open_runtime(
     (default: `settings.grace`, 20 s).
     `queues`: the queues this runtime works (default: all of the app's; ``[]`` makes an
     enqueue-only runtime). `settings`: the other tuning constants (see `RuntimeSettings`).
+    `resources`: values that replace declared resources by name (a test's fakes); a replaced
+    resource is neither opened nor closed here.
 
-    Raises ConfigError for a bad argument. A crash in a runtime service cancels the whole tree
+    The app's resources open before any queue starts and close after every task has ended (an
+    enqueue-only runtime, ``queues=[]``, opens none).
+    Raises ConfigError for a bad argument, ResourceError for a resource that did not open (no
+    job was claimed) or, at the end, for one that did not close. A crash in a runtime service cancels the whole tree
     and propagates from here (as an ExceptionGroup holding the original error).
     """
     if not isinstance(app, App):
@@ -292,6 +324,9 @@ async def open_runtime(
     unknown = [q for q in names if q not in app.queues]
     if unknown:
         raise ConfigError(f"queues {unknown} are not declared in the app (declared: {sorted(app.queues)})")
+    # An enqueue-only runtime runs no job, so it opens no resource.
+    declared = app.resources if names else {}
+    replaced = check_replacements(app.resources, resources)
     owns_backend = isinstance(backend, str)
     be: Backend = open_backend(backend) if isinstance(backend, str) else backend
     be.check_budget(sum(app.queues[q].max_workers for q in names))
@@ -310,6 +345,10 @@ async def open_runtime(
                     from .infra.aio import maybe_open_loop
 
                     await stack.enter_async_context(maybe_open_loop(True))
+                # Entered before the owner, so closed only once every task in it has ended.
+                opened = await stack.enter_async_context(open_resources(declared, replaced, settings.resource_bound))
+                resources_token = current_resources.set(opened)
+                stack.callback(current_resources.reset, resources_token)
                 owner = await stack.enter_async_context(open_owner("nursery_jobs.runtime"))
                 await rt.backend_service.start(owner)
                 await owner.start(rt.completer.run, name="completer")
@@ -351,48 +390,103 @@ def run(
     grace: float | None = None,
     queues: Sequence[str] | None = None,
     settings: RuntimeSettings | None = None,
+    main_grace: float | None = None,
 ) -> T | None:
     """Hand the runtime the whole life of a service: start Trio, open the runtime, run
     ``await main(rt)``, shut down, and return main's value.
 
-    SIGINT and SIGTERM start the graceful shutdown (main is cancelled, then running jobs get
-    `grace` seconds); a second signal skips what is left of the grace. After a signal, `run`
-    returns None, so a script that ends with it exits 0.
+    SIGINT and SIGTERM start the graceful shutdown; a second signal skips what is left of every
+    grace. `main_grace` says what the first signal does to `main`:
+
+    - None (the default): `main` is cancelled at once, and the runtime stops claiming and
+      refuses enqueues at once;
+    - a number of seconds: `main` is not cancelled. `rt.shutdown_requested` is set and `main`
+      has that long to return on its own (a server started with
+      ``shutdown_trigger=rt.shutdown_requested.wait`` stops accepting, finishes its requests
+      and returns); only then is it cancelled. Until `main` has returned the runtime serves it
+      as before (enqueues are accepted, jobs run and receipts arrive), so a request in flight
+      gets its answer.
+
+    Either way, once `main` has returned the runtime's own shutdown follows, with its `grace`
+    for running jobs. After a signal, `run` returns None, so a script that ends with it exits
+    0. Raises ConfigError for a bad argument.
     """
-
-    async def root() -> T | None:
-        result: T | None = None
-        async with open_owner("nursery_jobs.run") as owner:
-            main_scope = trio.CancelScope()
-            rt_box: list[Runtime] = []
-
-            def first() -> None:
-                main_scope.cancel()
-                if rt_box:
-                    rt_box[0].begin_shutdown()  # stop claiming at once, not after main unwinds
-
-            def second() -> None:
-                main_scope.cancel()
-                if rt_box:
-                    rt_box[0].skip_grace()
-
-            await owner.start(watch_shutdown_signals, first, second, name="signals")
-            try:
-                async with open_runtime(app, backend=backend, grace=grace, queues=queues, settings=settings) as rt:
-                    rt_box.append(rt)
-                    with main_scope:
-                        result = await main(rt)
-            finally:
-                owner.cancel_scope.cancel()
-        return result
-
+    if main_grace is not None and (
+        isinstance(main_grace, bool)
+        or not isinstance(main_grace, (int, float))
+        or not math.isfinite(main_grace)
+        or main_grace < 0
+    ):
+        raise ConfigError(f"main_grace must be None or a finite number of seconds >= 0, not {main_grace!r}")
     try:
-        return run_trio(root)
+        return run_trio(_serve, main, app, backend, grace, queues, settings, main_grace)
     except BaseExceptionGroup as group:
         leaf = _single_leaf(group)
         if leaf is None:
             raise
         raise leaf from None  # one error, nested only by the runtime's own scopes: show it plain
+
+
+async def _serve(
+    main: Callable[[Runtime], Awaitable[T]],
+    app: App,
+    backend: str | Backend,
+    grace: float | None,
+    queues: Sequence[str] | None,
+    settings: RuntimeSettings | None,
+    main_grace: float | None,
+) -> T | None:
+    """`run`'s body inside Trio (apart so that tests can run it under a MockClock)."""
+    result: T | None = None
+    signals = 0
+    main_scope = trio.CancelScope()
+    rt_box: list[Runtime] = []
+
+    def on_signal() -> None:
+        # Called for each signal, and once more when the runtime exists (a signal may arrive
+        # while it starts).
+        if signals == 0:
+            return
+        rt = rt_box[0] if rt_box else None
+        if signals >= 2 or main_grace is None:
+            main_scope.cancel()
+            if rt is not None:
+                rt.begin_shutdown()  # stop claiming at once, not after main unwinds
+                if signals >= 2:
+                    rt.skip_grace()
+            return
+        if rt is not None:
+            rt.shutdown_requested.set()
+
+    def first() -> None:
+        nonlocal signals
+        signals = 1
+        if main_grace is not None:
+            main_scope.deadline = min(main_scope.deadline, trio.current_time() + main_grace)
+        on_signal()
+
+    def second() -> None:
+        nonlocal signals
+        signals += 1
+        on_signal()
+
+    async with open_owner("nursery_jobs.run") as owner:
+        await owner.start(watch_shutdown_signals, first, second, name="signals")
+        try:
+            async with open_runtime(app, backend=backend, grace=grace, queues=queues, settings=settings) as rt:
+                rt_box.append(rt)
+                on_signal()
+                with main_scope:
+                    result = await main(rt)
+                if main_scope.cancelled_caught and signals == 1 and main_grace is not None:
+                    log.warning(
+                        "main did not return within main_grace (%g s) after the signal: cancelled it",
+                        main_grace,
+                        extra={"event": "main_grace_over", "main_grace": main_grace},
+                    )
+        finally:
+            owner.cancel_scope.cancel()
+    return None if signals else result
 
 
 def _single_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None:

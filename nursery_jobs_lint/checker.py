@@ -61,6 +61,7 @@ from collections.abc import Callable
 
 from .config import JUDGED, OUTSIDE, TEST, Config, classify, module_name
 from .rules import (
+    LOOP_NAMES,
     ABANDON_KEYWORDS,
     ALWAYS_IN_ALLOW,
     ATTRGETTER_FUNCTIONS,
@@ -290,9 +291,15 @@ class _Visitor:
         if code == "NJS105":
             return f"offload via '{name}' outside infra; call nursery_jobs.run_blocking(fn) instead"
         if code == "NJS106":
+            if name in LOOP_NAMES:
+                return (
+                    f"event loop started via '{name}' outside infra; a service's entry point is "
+                    "nursery_jobs.run(main, app=app, main_grace=seconds), with its web server inside main, drained on "
+                    "rt.shutdown_requested (see nursery_jobs' docs/shutdown.md#web-services-that-drain)"
+                )
             return (
-                f"event loop started or bridged via '{name}' outside infra; use nursery_jobs.run() / open_runtime() "
-                "or infra's bridge"
+                f"thread bridged into the event loop via '{name}' outside infra; run the work as a job "
+                "(nursery_jobs.run_blocking for blocking calls) or through infra's bridge"
             )
         if code == "NJS107":
             return (

@@ -321,8 +321,12 @@ that does the `trio.run`, so `allow` stays exactly "infra/ packages".
 
 Does not fire on: `trio.run_process`, `trio.open_signal_receiver` (structured, awaited).
 
-Instead: use nursery_jobs.run(main, app=app) or open_runtime(); for asyncio interop, infra's
-bridge.
+Instead: a service's entry point is nursery_jobs.run(main, app=app, main_grace=seconds). A web
+server runs inside main, handed shutdown_trigger=rt.shutdown_requested.wait: at SIGTERM it
+drains its requests within main_grace while the runtime still serves them, then the jobs get
+their grace (nursery_jobs' docs/shutdown.md, "Web services that drain"). A server started
+beside open_runtime under a trio.run of its own is a task tree the shutdown does not reach. For
+a thread bridging into the loop: run the work as a job, or through infra's bridge.
 """,
         ),
         _rule(

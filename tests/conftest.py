@@ -7,7 +7,9 @@ import pytest
 
 from tests import pg_cluster, pgutil
 
-pytest_plugins = ["tests.timeouts"]
+# nursery_jobs.pytest_plugin: the entry point loads it where the package is installed; named here
+# too so the suite runs in an environment installed before the entry point existed.
+pytest_plugins = ["tests.timeouts", "nursery_jobs.pytest_plugin"]
 
 _AS_CTRL_C = (signal.SIGTERM, signal.SIGHUP)
 

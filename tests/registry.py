@@ -95,11 +95,14 @@ class TestBackend:
     `tests/properties/test_durable.py` (memory: each property module runs on it itself, with
     the mutants)."""
     damage: Damage | None = None
-    transaction: Callable[[nj.Backend], ContextManager[Callable[[Any, tuple[Any, ...]], Any]]] | None = None
-    """For a backend with `TransactionalEnqueue`: ``with transaction(backend) as execute:`` a
-    connection of the caller's own, in one transaction (committed when the block ends, rolled
-    back when it raises); ``execute(statement, params)`` runs one statement and returns its
-    first row or None."""
+    transaction: Callable[..., ContextManager[Any]] | None = None
+    """For a backend whose `TransactionalEnqueue.insert_tx` takes a connection of the caller's
+    own: ``with transaction(backend) as conn:`` such a connection in an open transaction
+    (committed when the block ends, rolled back when it raises);
+    ``transaction(backend, elsewhere=True)`` one that reaches another database or file."""
+    commit_wakes: bool = False
+    """A commit on the caller's own connection wakes every listener by itself (PostgreSQL's
+    NOTIFY); False: the jobs are found by the next poll."""
 
     def make(self, request: pytest.FixtureRequest) -> nj.Backend:
         """A fresh backend on a fresh store."""
@@ -287,6 +290,25 @@ def _sqlite_damage(backend: nj.Backend, job_id: int, assignments: str, params: t
     conn.close()
 
 
+@contextlib.contextmanager
+def _sqlite_transaction(backend: nj.Backend, elsewhere: bool = False) -> Iterator[sqlite3.Connection]:
+    from nursery_jobs.backends.sqlite import SqliteBackend
+
+    assert isinstance(backend, SqliteBackend), backend
+    path = backend.path + "-elsewhere.db" if elsewhere else backend.path
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        conn.execute("BEGIN")  # deferred, as Python's own transactions: the first write takes the lock
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
 register(
     TestBackend(
         "sqlite",
@@ -294,6 +316,7 @@ register(
         autojump=0.05,
         harness=_sqlite_harness,
         damage=Damage(_sqlite_damage, ("not json at all", '"a string"', '[1, {"attempt": "x"}]'), untyped=True),
+        transaction=_sqlite_transaction,
     )
 )
 
@@ -363,14 +386,16 @@ def _postgres_damage(backend: nj.Backend, job_id: int, assignments: str, params:
 
 
 @contextlib.contextmanager
-def _postgres_transaction(backend: nj.Backend) -> Iterator[Callable[[Any, tuple[Any, ...]], Any]]:
+def _postgres_transaction(backend: nj.Backend, elsewhere: bool = False) -> Iterator[Any]:
     import psycopg
+    from psycopg.conninfo import make_conninfo
 
     from nursery_jobs.backends.postgres import PostgresBackend
 
     assert isinstance(backend, PostgresBackend), backend
-    with psycopg.connect(backend.conninfo) as conn, conn.transaction():
-        yield lambda statement, params: conn.execute(statement, params).fetchone()
+    conninfo = make_conninfo(backend.conninfo, dbname="postgres") if elsewhere else backend.conninfo
+    with psycopg.connect(conninfo) as conn, conn.transaction():
+        yield conn
 
 
 register(
@@ -381,6 +406,7 @@ register(
         harness=_postgres_harness,
         damage=Damage(_postgres_damage, ('"a string"', '{"a": 1}', '[1, {"attempt": "x"}]')),
         transaction=_postgres_transaction,
+        commit_wakes=True,
     )
 )
 

@@ -20,7 +20,9 @@ from __future__ import annotations
 import collections
 import heapq
 import math
-from typing import Mapping, Sequence
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Mapping, Sequence
 
 import trio
 
@@ -90,6 +92,22 @@ class _QueueState:
         self.interrupted = 0
 
 
+class MemoryTransaction:
+    """What `rt.transaction()` yields on the memory backend: the jobs enqueued in it, shown
+    at its commit. It runs no SQL (a service's own rows need a database)."""
+
+    __slots__ = ("backend", "jobs", "open", "results")
+
+    def __init__(self, backend: MemoryBackend) -> None:
+        self.backend = backend
+        self.jobs: list[NewJob] = []
+        self.results: list[InsertResult] = []
+        self.open = True
+
+    def __repr__(self) -> str:
+        return f"<MemoryTransaction jobs={len(self.jobs)} open={self.open}>"
+
+
 class MemoryBackend:
     """Jobs in this process's memory. Lost when the process exits; shared by every runtime
     given the same instance (which is how tests restart a runtime on the same jobs)."""
@@ -112,12 +130,20 @@ class MemoryBackend:
         self._listeners: list[Listener] = []
         self._running: set[int] = set()
         self._next_id = 1
+        self._wall_offset: float | None = None
+        """Trio time minus Unix time, read once (`wall_offset`): the one mapping of wall-clock
+        `run_at`s onto this backend's clock, shared by every runtime on this instance."""
 
     def __repr__(self) -> str:
         return f"<MemoryBackend jobs={len(self._rows)}>"
 
     def now(self) -> float:
         return trio.current_time()
+
+    def wall_offset(self) -> float:
+        if self._wall_offset is None:
+            self._wall_offset = trio.current_time() - time.time()
+        return self._wall_offset
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -183,35 +209,83 @@ class MemoryBackend:
         return _tuple_new(JobFinalized, (row.id, state, errors[-1].message if errors else None))
 
     async def insert_many(self, jobs: Sequence[NewJob]) -> list[InsertResult]:
-        now = self.now()
+        results = self._admit(jobs)
+        self._store(jobs, results, self.now())
+        return results
+
+    def _admit(self, jobs: Sequence[NewJob]) -> list[InsertResult]:
+        """Each job's id: a unique key held by a job that is not final gives the holder's id
+        (`existing`); any other job takes the next id, ascending, and holds its key from now
+        on. (`insert_many` stores the rows at once; a transaction at its commit.)"""
         results: list[InsertResult] = []
-        due_now: set[str] = set()
-        due_later: dict[str, float] = {}
-        rows, queues, heappush = self._rows, self._queues, heapq.heappush
+        unique = self._unique
         for new in jobs:
-            if new.unique_key is not None:
-                existing = self._unique.get(new.unique_key)
+            key = new.unique_key
+            if key is not None:
+                existing = unique.get(key)
                 if existing is not None:
                     results.append(InsertResult(existing, True))
                     continue
+                unique[key] = self._next_id
             job_id = self._next_id
             self._next_id = job_id + 1
+            results.append(_tuple_new(InsertResult, (job_id, False)))
+        return results
+
+    def _store(self, jobs: Sequence[NewJob], results: Sequence[InsertResult], now: float) -> None:
+        """The rows of the jobs `_admit` gave new ids, due now or later as `now` says, and
+        their wake-ups."""
+        due_now: set[str] = set()
+        due_later: dict[str, float] = {}
+        rows, queues, heappush = self._rows, self._queues, heapq.heappush
+        for new, (job_id, existing) in zip(jobs, results):
+            if existing:
+                continue
             row = rows[job_id] = _Row(job_id, new, now)
             q = queues.get(new.queue) or self._q(new.queue)
             q.counts[row.state] += 1
-            if new.unique_key is not None:
-                self._unique[new.unique_key] = job_id
             if row.state is _A:
                 heappush(q.due, (-row.priority, row.run_at, job_id, 0))
                 due_now.add(new.queue)
             else:
                 heappush(q.waiting, (row.run_at, job_id, 0))
                 due_later[new.queue] = min(row.run_at, due_later.get(new.queue, row.run_at))
-            results.append(InsertResult(job_id, False))
         for queue in sorted(due_now):
             self._emit(JobsAvailable(queue))
         for queue, due in sorted(due_later.items()):
             self._emit(JobsAvailable(queue, due))
+
+    # -- transactions --
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[MemoryTransaction]:
+        """A transaction with no SQL: the jobs `insert_tx` adds in it take their ids (and
+        their unique keys) at once, and appear -- with their wake-ups -- at the commit, when the
+        block ends; an exception or a cancellation drops them and frees their keys."""
+        await trio.lowlevel.checkpoint()
+        tx = MemoryTransaction(self)
+        try:
+            yield tx
+        except BaseException:
+            tx.open = False
+            for new, (job_id, existing) in zip(tx.jobs, tx.results):
+                if not existing and new.unique_key is not None and self._unique.get(new.unique_key) == job_id:
+                    del self._unique[new.unique_key]
+            raise
+        tx.open = False
+        self._store(tx.jobs, tx.results, self.now())
+
+    async def insert_tx(self, conn: Any, jobs: Sequence[NewJob]) -> list[InsertResult]:
+        if not isinstance(conn, MemoryTransaction) or conn.backend is not self:
+            raise ConfigError(
+                "enqueue_tx on the memory backend takes the transaction of "
+                f"`async with rt.transaction() as tx:`, not {type(conn).__name__}"
+            )
+        if not conn.open:
+            raise ConfigError("enqueue_tx: this transaction has ended; enqueue inside its `async with` block")
+        results = self._admit(jobs)
+        conn.jobs.extend(jobs)
+        conn.results.extend(results)
         return results
 
     async def claim(self, queue: str, limit: int) -> ClaimResult:

@@ -15,7 +15,9 @@ Capabilities:
 - `Notifier`: events to the runtime (`JobsAvailable`, `JobFinalized`, `CancelRequested`), and
   the backend's own background service.
 - `Backend` = both: what `open_runtime` needs.
-- `TransactionalEnqueue`: enqueue inside the caller's own database transaction (PostgreSQL).
+- `TransactionalEnqueue`: enqueue inside a database transaction, the backend's own
+  (`transaction`) or the caller's, on the caller's own connection (SQLite, PostgreSQL; memory
+  has a transaction of its own).
 - Coming capabilities (per-key leases, locks, the outbox, admin queries for the CLI and the
   dashboard) are protocols of their own beside these, so a backend without them still works
   and says so by not implementing them.
@@ -29,6 +31,7 @@ itself.
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence, Union, runtime_checkable
 
 import attrs
@@ -177,6 +180,15 @@ class JobStore(Protocol):
         """The backend's clock, in seconds: every `run_at`, heartbeat and cutoff is on it."""
         ...
 
+    def wall_offset(self) -> float:
+        """Seconds to add to a Unix time to get the same instant on `now()`'s clock: 0.0 for a
+        clock that is Unix time (the durable backends' default). A clock that is not (Trio's,
+        on the memory backend or a test's durable one) is mapped by a pair of readings taken
+        once, at the first call, and kept for the backend's life: wall time on this backend
+        advances with its clock, so under `MockClock` a job scheduled an hour of wall time
+        ahead runs after an hour of virtual time. Never raises; constant for the backend."""
+        ...
+
     async def open(self) -> None:
         """Make the backend usable (connect, check the schema). Idempotent."""
         ...
@@ -302,13 +314,29 @@ class Backend(JobStore, Notifier, Protocol):
 
 @runtime_checkable
 class TransactionalEnqueue(Protocol):
-    """Enqueue inside the caller's own transaction, on the caller's own connection."""
+    """Enqueue inside a database transaction: one the backend lends (`transaction`), or the
+    caller's own, on the caller's own connection. Either way the jobs are stored by the same
+    code as `insert_many` (the same statements, the same unique-key and scheduling rules), so
+    a job enqueued in a transaction is the job `insert_many` would have made."""
 
-    def insert_sql(self, job: NewJob, now: float) -> tuple[Any, tuple[Any, ...]]:
-        """The statement and parameters that insert `job` and queue its wake-up, to run on the
-        caller's connection inside its transaction: the job exists, and its wake-up is sent,
-        only if that transaction commits. The statement returns one row whose first column is
-        the new job's id, or no row when `unique_key` is held by a job that is not final (the
-        caller learns nothing of the holder: no lookup runs inside its transaction). The job is
-        stored as `insert_many` would store it."""
+    def transaction(self) -> AbstractAsyncContextManager[Any]:
+        """Borrow a connection of the backend's own (its pool's, or its file's), begin a
+        transaction on it and yield it for the block; commit when the block ends, roll back when
+        it raises or is cancelled; the connection goes back in every case. Waiting for a
+        connection is bounded: `BackendUnavailable` names the bound. The events of the jobs
+        inserted in it (`insert_tx` with the yielded connection) are emitted after the commit,
+        never for a transaction that rolled back."""
+        ...
+
+    async def insert_tx(self, conn: Any, jobs: Sequence[NewJob]) -> list[InsertResult]:
+        """Add `jobs` as `insert_many` would, inside the transaction open on `conn`: one that
+        `transaction()` yielded, or a connection of the caller's own of a kind the backend
+        takes (`ConfigError` for any other, and for one that reaches another database). The
+        jobs exist only if that transaction commits; the backend never commits or rolls back a
+        caller's own transaction (an autocommit connection commits each statement: the jobs are
+        then committed at once). A unique key held by a job that is not final gives the holder's
+        id with `existing=True`, as in `insert_many`. Events: for `transaction()`'s connection,
+        emitted after its commit; for a caller's own, none in-process -- other processes, and
+        this one, hear of the jobs at the commit where the database can say so (PostgreSQL's
+        NOTIFY), and at their next poll otherwise."""
         ...

@@ -31,17 +31,20 @@ autojump see a database call as work; that mode has no wake-up sockets (it runs 
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
+import os
 import sqlite3
 import time
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable, ClassVar, Iterable, Mapping, Sequence
 from urllib.parse import parse_qs
 
 import trio
 
 from ..errors import BackendUnavailable, ConfigError, JobNotFound
-from ..infra.threads import run_sync_io
+from ..infra.threads import run_callers_io, run_sync_io
 from ..infra.wake import Wake, WakeRegistry
 from ..jobs import MAX_ERRORS_KEPT, Job, JobState
 from .protocol import (
@@ -72,7 +75,7 @@ from .rows import (
     set_aside_message,
 )
 
-__all__ = ["SqliteBackend"]
+__all__ = ["SqliteBackend", "SqliteCursor", "SqliteTransaction"]
 
 log = logging.getLogger("nursery_jobs")
 
@@ -142,6 +145,93 @@ def parse_sqlite_url(url: str) -> tuple[str, str, bool]:
     return path, _SYNC_MODES[sync], _WAKE_MODES[wake]
 
 
+def _inserted_events(jobs: Sequence[NewJob], results: Sequence[InsertResult], now: float) -> list[BackendEvent]:
+    """`JobsAvailable` per queue with a new job due now, and per queue with later ones (with
+    the earliest `run_at`), as `insert_many` promises."""
+    due_now: set[str] = set()
+    due_later: dict[str, float] = {}
+    for new, res in zip(jobs, results):
+        if res.existing:
+            continue
+        if new.run_at is None or new.run_at <= now:
+            due_now.add(new.queue)
+        else:
+            due_later[new.queue] = min(new.run_at, due_later.get(new.queue, new.run_at))
+    events: list[BackendEvent] = [JobsAvailable(q) for q in sorted(due_now)]
+    return events + [JobsAvailable(q, d) for q, d in sorted(due_later.items())]
+
+
+_in_transaction: contextvars.ContextVar[SqliteBackend | None] = contextvars.ContextVar(
+    "nursery_jobs.sqlite_transaction", default=None
+)
+"""The backend whose `transaction()` block this task is in: a write on the backend's own
+connection there would wait for the block's own write lock."""
+
+
+class SqliteCursor:
+    """The rows of one statement of a `SqliteTransaction`, read on its thread with the
+    statement (so reading them never blocks the Trio loop)."""
+
+    __slots__ = ("_rows", "lastrowid", "rowcount")
+
+    def __init__(self, rows: list[Any], rowcount: int, lastrowid: int | None) -> None:
+        self._rows = rows
+        self.rowcount = rowcount
+        self.lastrowid = lastrowid
+
+    async def fetchone(self) -> Any:
+        await trio.lowlevel.checkpoint()
+        return self._rows.pop(0) if self._rows else None
+
+    async def fetchall(self) -> list[Any]:
+        await trio.lowlevel.checkpoint()
+        rows, self._rows = self._rows, []
+        return rows
+
+
+class SqliteTransaction:
+    """What `rt.transaction()` lends on SQLite: the file's transaction connection inside
+    ``BEGIN IMMEDIATE``. ``await tx.execute(sql, params)`` runs one statement on a worker
+    thread (as the backend runs its own) and returns a `SqliteCursor` whose rows are already
+    read; `executemany` likewise. Pass it to `kind.enqueue_tx(tx, ...)`."""
+
+    __slots__ = ("_conn", "backend", "inserted", "open")
+
+    def __init__(self, backend: SqliteBackend, conn: sqlite3.Connection) -> None:
+        self.backend = backend
+        self._conn = conn
+        self.open = True
+        self.inserted: list[BackendEvent] = []
+        """The events of the jobs inserted in it, emitted once it committed."""
+
+    def __repr__(self) -> str:
+        return f"<SqliteTransaction {self.backend.path!r} open={self.open}>"
+
+    def _check_open(self) -> None:
+        if not self.open:
+            raise ConfigError("this SQLite transaction has ended; use it inside its `async with rt.transaction()` block")
+
+    async def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> SqliteCursor:
+        self._check_open()
+
+        def run() -> SqliteCursor:
+            cur = self._conn.execute(sql, params)
+            return SqliteCursor(cur.fetchall(), cur.rowcount, cur.lastrowid)
+
+        result: SqliteCursor = await self.backend._tx_io(run)
+        return result
+
+    async def executemany(self, sql: str, seq: Iterable[Sequence[Any] | Mapping[str, Any]]) -> SqliteCursor:
+        self._check_open()
+
+        def run() -> SqliteCursor:
+            cur = self._conn.executemany(sql, seq)
+            return SqliteCursor([], cur.rowcount, cur.lastrowid)
+
+        result: SqliteCursor = await self.backend._tx_io(run)
+        return result
+
+
 class SqliteBackend:
     """Jobs in one SQLite file, shared safely by every process that opens it."""
 
@@ -165,6 +255,7 @@ class SqliteBackend:
         self.url = f"sqlite:///{path}"
         self._synchronous = synchronous
         self._clock = clock
+        self._wall_offset: float | None = None
         self._busy_timeout = busy_timeout
         self.outage_timeout = outage_timeout
         self._conn: sqlite3.Connection | None = None
@@ -174,12 +265,23 @@ class SqliteBackend:
         self._wake = WakeRegistry(path) if wake and not self._blocking_io else None
         self._workers: int | None = None
         """The most queue workers a runtime on this backend has (`check_budget`); None: unknown."""
+        self._tx_conn: sqlite3.Connection | None = None
+        """The file's transaction connection (`transaction()`), opened at its first use."""
+        self._tx_lock = trio.Lock()
+        self._tx_limiter = trio.CapacityLimiter(1)
+        self.acquire_timeout = busy_timeout
+        """The longest wait for the transaction connection (one transaction at a time)."""
 
     def __repr__(self) -> str:
         return f"<SqliteBackend {self.path!r}>"
 
     def now(self) -> float:
         return self._clock()
+
+    def wall_offset(self) -> float:
+        if self._wall_offset is None:
+            self._wall_offset = 0.0 if self._clock is time.time else self._clock() - time.time()
+        return self._wall_offset
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -275,13 +377,25 @@ class SqliteBackend:
         if conn is not None:
             async with self._lock:
                 await self._io(conn.close)
+        tx_conn, self._tx_conn = self._tx_conn, None
+        if tx_conn is not None:
+            async with self._tx_lock:
+                await self._tx_io(tx_conn.close)
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on the connection. Every call starts with `BEGIN IMMEDIATE` (or is a
         read), so "database is locked" means nothing was written: another connection held the
         write lock past `busy_timeout` (an operator's shell, a backup). Such a call is retried
         with backoff for up to `outage_timeout`, then `BackendUnavailable` says so; any other
-        SQLite error is a `BackendUnavailable` at once, naming the cause."""
+        SQLite error is a `BackendUnavailable` at once, naming the cause. A write from inside
+        this backend's own `transaction()` block is a `ConfigError`: it would wait for the
+        block's own write lock."""
+        if fn == self._tx and _in_transaction.get() is self:
+            raise ConfigError(
+                "inside `async with rt.transaction()` on SQLite, this call would wait for the transaction's own "
+                "write lock (SQLite has one writer): enqueue with kind.enqueue_tx(conn, ...), and make other "
+                "changes (cancel, plain enqueue) after the block"
+            )
         if self._conn is None:
             await self.open()
         deadline = trio.current_time() + self.outage_timeout
@@ -302,7 +416,13 @@ class SqliteBackend:
                         f"SQLite database {self.path!r} unavailable: {what} ({exc}); check for long "
                         "transactions, a backup in progress, or the disk"
                     ) from exc
-                log.warning("SQLite database %r is locked (%s); retrying in %.2f s", self.path, exc, delay)
+                log.warning(
+                    "SQLite database %r is locked (%s); retrying in %.2f s",
+                    self.path,
+                    exc,
+                    delay,
+                    extra={"event": "backend_retry", "backend": self.url, "retry_in": delay},
+                )
                 await trio.sleep(delay)
                 delay = min(delay * 2, 2.0)
             except sqlite3.DatabaseError as exc:
@@ -325,64 +445,189 @@ class SqliteBackend:
 
     async def insert_many(self, jobs: Sequence[NewJob]) -> list[InsertResult]:
         now = self.now()
-
-        def body(conn: sqlite3.Connection) -> list[InsertResult]:
-            if len(jobs) > 1 and not any(new.unique_key for new in jobs):
-                return plain_batch(conn)
-            out: list[InsertResult] = []
-            for new in jobs:
-                run_at = now if new.run_at is None or new.run_at < now else new.run_at
-                state = "available" if run_at <= now else "scheduled"
-                row = conn.execute(
-                    "INSERT INTO nj_jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at, unique_key)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                    " ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL"
-                    " AND state NOT IN ('completed', 'discarded', 'cancelled') DO NOTHING RETURNING id",
-                    (new.kind, new.queue, new.args_json, state, new.max_attempts, new.priority, run_at, now, new.unique_key),
-                ).fetchone()
-                if row is None:
-                    (existing,) = conn.execute(
-                        "SELECT id FROM nj_jobs WHERE unique_key = ? AND state NOT IN ('completed', 'discarded', 'cancelled')",
-                        (new.unique_key,),
-                    ).fetchone()
-                    out.append(InsertResult(existing, True))
-                else:
-                    out.append(InsertResult(row[0], False))
-            return out
-
-        def plain_batch(conn: sqlite3.Connection) -> list[InsertResult]:
-            # No unique keys: one executemany. The write lock is ours (BEGIN IMMEDIATE) and the
-            # ids are AUTOINCREMENT, so the rows above the largest id so far are exactly this
-            # batch's, in insertion order.
-            row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'nj_jobs'").fetchone()
-            before = row[0] if row else 0
-            rows = []
-            for new in jobs:
-                run_at = now if new.run_at is None or new.run_at < now else new.run_at
-                state = "available" if run_at <= now else "scheduled"
-                rows.append((new.kind, new.queue, new.args_json, state, new.max_attempts, new.priority, run_at, now))
-            conn.executemany(
-                "INSERT INTO nj_jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
-            )
-            ids = [r[0] for r in conn.execute("SELECT id FROM nj_jobs WHERE id > ? ORDER BY id", (before,))]
-            if len(ids) != len(jobs):
-                raise AssertionError(f"SQLite insert of {len(jobs)} jobs produced {len(ids)} ids above {before}")
-            return [InsertResult(i, False) for i in ids]
-
-        results: list[InsertResult] = await self._call(self._tx, body)
-        due_now: set[str] = set()
-        due_later: dict[str, float] = {}
-        for new, res in zip(jobs, results):
-            if res.existing:
-                continue
-            if new.run_at is None or new.run_at <= now:
-                due_now.add(new.queue)
-            else:
-                due_later[new.queue] = min(new.run_at, due_later.get(new.queue, new.run_at))
-        self._emit([JobsAvailable(q) for q in sorted(due_now)] + [JobsAvailable(q, d) for q, d in sorted(due_later.items())])
+        results: list[InsertResult] = await self._call(self._tx, lambda conn: self._insert_rows(conn, jobs, now))
+        self._emit(_inserted_events(jobs, results, now))
         return results
+
+    def _insert_rows(self, conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -> list[InsertResult]:
+        """The jobs' rows, inside the transaction open on `conn` (which holds the write lock):
+        the backend's own connection (`insert_many`), the transaction connection
+        (`transaction()`) or the caller's (`insert_tx`). One code for all of them, so a job
+        stored in a transaction is the job `insert_many` stores."""
+        if len(jobs) > 1 and not any(new.unique_key for new in jobs):
+            return self._insert_plain_batch(conn, jobs, now)
+        out: list[InsertResult] = []
+        for new in jobs:
+            run_at = now if new.run_at is None or new.run_at < now else new.run_at
+            state = "available" if run_at <= now else "scheduled"
+            row = conn.execute(
+                "INSERT INTO nj_jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at, unique_key)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL"
+                " AND state NOT IN ('completed', 'discarded', 'cancelled') DO NOTHING RETURNING id",
+                (new.kind, new.queue, new.args_json, state, new.max_attempts, new.priority, run_at, now, new.unique_key),
+            ).fetchone()
+            if row is None:
+                (existing,) = conn.execute(
+                    "SELECT id FROM nj_jobs WHERE unique_key = ? AND state NOT IN ('completed', 'discarded', 'cancelled')",
+                    (new.unique_key,),
+                ).fetchone()
+                out.append(InsertResult(existing, True))
+            else:
+                out.append(InsertResult(row[0], False))
+        return out
+
+    @staticmethod
+    def _insert_plain_batch(conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -> list[InsertResult]:
+        # No unique keys: one executemany. The write lock is ours (BEGIN IMMEDIATE) and the
+        # ids are AUTOINCREMENT, so the rows above the largest id so far are exactly this
+        # batch's, in insertion order.
+        row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'nj_jobs'").fetchone()
+        before = row[0] if row else 0
+        rows = []
+        for new in jobs:
+            run_at = now if new.run_at is None or new.run_at < now else new.run_at
+            state = "available" if run_at <= now else "scheduled"
+            rows.append((new.kind, new.queue, new.args_json, state, new.max_attempts, new.priority, run_at, now))
+        conn.executemany(
+            "INSERT INTO nj_jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+        ids = [r[0] for r in conn.execute("SELECT id FROM nj_jobs WHERE id > ? ORDER BY id", (before,))]
+        if len(ids) != len(jobs):
+            raise AssertionError(f"SQLite insert of {len(jobs)} jobs produced {len(ids)} ids above {before}")
+        return [InsertResult(i, False) for i in ids]
+
+    # -- transactions --
+
+    async def _tx_io(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A call on the transaction connection: a thread of its own limiter (one at a time), or
+        inline in the deterministic tests' mode."""
+        if self._blocking_io:
+            await trio.lowlevel.checkpoint()
+            return fn(*args)
+        return await run_sync_io(fn, *args, limiter=self._tx_limiter)
+
+    def _connect_tx(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=self._busy_timeout)
+        conn.execute(f"PRAGMA synchronous={self._synchronous}")
+        return conn
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[SqliteTransaction]:
+        """The file's transaction connection in ``BEGIN IMMEDIATE`` for the block (see
+        `TransactionalEnqueue`). One transaction at a time in a process (SQLite has one writer
+        anyway): the next waits at most `acquire_timeout` for it. ``BEGIN IMMEDIATE`` takes the
+        file's write lock at once, so no statement of the block can fail later for want of it;
+        while the block runs, other connections' writes (this process's runtime too) wait for
+        it, so keep it short. The commit emits the inserted jobs' wake-ups, here and to the
+        other processes; a block that raises or is cancelled is rolled back (shielded: a local
+        file operation)."""
+        if _in_transaction.get() is self:
+            raise ConfigError(
+                "rt.transaction() inside another on the same SQLite file: SQLite has one writer, the inner one "
+                "would wait for the outer; enqueue in the outer transaction"
+            )
+        with trio.move_on_after(self.acquire_timeout) as waited:
+            await self._tx_lock.acquire()
+        if waited.cancelled_caught:
+            raise BackendUnavailable(
+                f"the SQLite transaction connection of {self.path!r} was busy for {self.acquire_timeout:g} s: another "
+                "rt.transaction() of this process held it; keep transactions short (no network calls inside)"
+            )
+        try:
+            if self._conn is None:
+                await self.open()
+            if self._tx_conn is None:
+                self._tx_conn = await self._tx_io(self._connect_tx)
+            conn = self._tx_conn
+            try:
+                await self._tx_io(conn.execute, "BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise BackendUnavailable(
+                    f"SQLite database {self.path!r}: cannot begin a transaction ({exc}); another connection held "
+                    f"the write lock for over {self._busy_timeout:g} s: check for long transactions or a backup"
+                ) from exc
+            tx = SqliteTransaction(self, conn)
+            token = _in_transaction.set(self)
+            try:
+                yield tx
+                tx.open = False
+                await self._tx_io(conn.execute, "COMMIT")
+            except BaseException:
+                tx.open = False
+                with trio.CancelScope(shield=True):
+                    if conn.in_transaction:  # a failed COMMIT leaves it open too
+                        await self._tx_io(conn.execute, "ROLLBACK")
+                raise
+            finally:
+                _in_transaction.reset(token)
+            self._emit(tx.inserted)
+        finally:
+            self._tx_lock.release()
+
+    async def insert_tx(self, conn: Any, jobs: Sequence[NewJob]) -> list[InsertResult]:
+        now = self.now()
+        if isinstance(conn, SqliteTransaction) and conn.backend is self:
+            conn._check_open()
+            results: list[InsertResult] = await self._tx_io(self._insert_rows, conn._conn, jobs, now)
+            conn.inserted += _inserted_events(jobs, results, now)
+            return results
+        if not isinstance(conn, sqlite3.Connection):
+            raise ConfigError(
+                "enqueue_tx on the SQLite backend takes the transaction rt.transaction() lends, or a "
+                f"sqlite3.Connection of your own to {self.path!r}, not {type(conn).__name__}"
+            )
+
+        def insert() -> list[InsertResult]:
+            self._check_same_file(conn)
+            added: list[InsertResult] = self._in_callers_transaction(conn, lambda c: self._insert_rows(c, jobs, now))
+            return added
+
+        if self._blocking_io:
+            return insert()
+        try:
+            inserted: list[InsertResult] = await run_callers_io(insert)
+            return inserted
+        except sqlite3.ProgrammingError as exc:
+            if "thread" not in str(exc):
+                raise
+            # Made without check_same_thread=False: usable only on the thread that made it,
+            # this one, where the caller runs its own statements on it too.
+            return insert()
+
+    def _check_same_file(self, conn: sqlite3.Connection) -> None:
+        main = next((row[2] for row in conn.execute("PRAGMA database_list") if row[1] == "main"), "")
+        try:
+            same = bool(main) and os.path.samefile(main, self.path)
+        except OSError:
+            same = False
+        if not same:
+            raise ConfigError(
+                f"enqueue_tx got a sqlite3 connection to {main or 'an in-memory database'!r}, but this runtime's "
+                f"jobs are in {self.path!r}; connect to that file, or use `async with rt.transaction() as conn:`"
+            )
+
+    @staticmethod
+    def _in_callers_transaction(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], Any]) -> Any:
+        """`body` in the caller's transaction on `conn`: the one open; if none is, one the
+        caller's `commit()` ends (Python's default, implicit transactions); on an autocommit
+        connection one of its own, committed at once (the jobs are then committed as `enqueue`
+        commits them)."""
+        if conn.in_transaction:
+            return body(conn)
+        conn.execute("BEGIN IMMEDIATE")
+        if conn.isolation_level is not None and getattr(conn, "autocommit", None) is not True:
+            return body(conn)
+        try:
+            result = body(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return result
 
     async def claim(self, queue: str, limit: int) -> ClaimResult:
         now = self.now()
@@ -464,6 +709,7 @@ class SqliteBackend:
             self.path,
             job_id,
             "; ".join(d.describe() for d in damage),
+            extra={"event": "row_set_aside", "job_id": job_id, "backend": self.url},
         )
         return JobFinalized(job_id, JobState.DISCARDED, message)
 
@@ -687,7 +933,13 @@ class SqliteBackend:
                 entries, found = read_errors(raw)
                 if found is not None:
                     conn.execute("UPDATE nj_jobs SET errors = ? WHERE id = ?", (json.dumps(entries), job_id))
-                    log.warning("SQLite %r: job %d: %s; replaced by a note", self.path, job_id, found.describe())
+                    log.warning(
+                        "SQLite %r: job %d: %s; replaced by a note",
+                        self.path,
+                        job_id,
+                        found.describe(),
+                        extra={"event": "row_repaired", "job_id": job_id, "backend": self.url},
+                    )
             return []
 
         self._emit(await self._call(self._tx, body))

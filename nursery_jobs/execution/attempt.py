@@ -14,25 +14,32 @@ as a bare ``await fn(ctx, **args)``: the chain costs nothing until someone plugs
 attempt's end means for the job (retry or discard, the backoff) is decided by `decide`, with the
 job rules of `backends.transitions`.
 
-Nothing here writes: the executor hands `decide`'s outcome to the completer.
+Nothing here writes: the executor hands `decide`'s outcome to the completer, and reports an
+attempt that did not complete with `report_failure`: one log line per failed or discarded
+attempt, with its facts as structured fields; a completed, snoozed, cancelled or interrupted
+attempt logs nothing (a shutdown names what it interrupted once, for all of them).
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import random
 from typing import Any, Awaitable, Callable, Iterator, NamedTuple
 
 import trio
 
+from .._context import current_resources, get_enqueuer
 from ..app import JobKind, Middleware
 from ..backends import ClaimedJob, Outcome, OutcomeKind
 from ..backends.transitions import on_failure
 from ..config import RetryPolicy
-from ..jobs import Discard, JobContext, JobError, Snooze, clean_text, describe_exception, format_traceback
+from ..jobs import Discard, JobContext, JobError, Resources, Snooze, clean_text, describe_exception, format_traceback
 
-__all__ = ["Attempt", "AttemptRegistry", "KindRunner", "Middleware", "decide", "process_exit"]
+__all__ = ["Attempt", "AttemptRegistry", "KindRunner", "Middleware", "decide", "process_exit", "report_failure"]
+
+log = logging.getLogger("nursery_jobs")
 
 _CANCEL_TAKES_REASON = "reason" in inspect.signature(trio.CancelScope.cancel).parameters
 _REASON_TEXT = {
@@ -56,6 +63,15 @@ class Attempt:
 
     def open_children(self) -> Any:
         return self._children(self.job)
+
+    @property
+    def resources(self) -> Resources:
+        # Read when a handler asks, not per attempt: most handlers never do.
+        return current_resources.get()
+
+    @property
+    def client(self) -> Any:
+        return get_enqueuer("ctx.client")
 
     def cancel(self, reason: str) -> None:
         if self.reason is None:
@@ -211,3 +227,56 @@ def _failure(job: ClaimedJob, runner: KindRunner, message: str, tb: str | None, 
     if on_failure(attempt=job.attempt, max_attempts=job.max_attempts) is OutcomeKind.DISCARD:
         return Outcome(job.id, job.attempt, OutcomeKind.DISCARD, None, error)
     return Outcome(job.id, job.attempt, OutcomeKind.RETRY, now + runner.retry.delay(job.attempt, rng), error)
+
+
+def report_failure(job: ClaimedJob, outcome: Outcome, duration: float, now: float, discard: str | None = None) -> None:
+    """Log the attempt `outcome` ended with an error, on one line: a failure that will be retried
+    (warning), a failure with no attempt left (error), the handler's `Discard` (`discard`
+    "handler": warning), or a job that could not run at all (`discard` "unrunnable": error).
+    `duration`: seconds the attempt ran."""
+    error = outcome.error
+    if error is None:
+        return
+    retry_in = None
+    if outcome.kind is OutcomeKind.RETRY:
+        retry_in = round(max(0.0, outcome.run_at - now), 3) if outcome.run_at is not None else 0.0
+        level, event, verb, then = logging.WARNING, "attempt_failed", "failed", f"; retrying in {retry_in:.3g} s"
+    elif discard == "handler":
+        level, event, verb, then = logging.WARNING, "job_discarded", "was discarded by its handler", ""
+    elif discard is not None:
+        level, event, verb, then = logging.ERROR, "job_discarded", "could not run", ""
+    else:
+        level, event, verb, then = logging.ERROR, "attempt_failed", "failed", "; no attempt left: discarded"
+    if log.isEnabledFor(level):
+        log.log(
+            level,
+            "job %d (%s, queue %s) attempt %d of %d %s after %.3g s: %s%s",
+            job.id,
+            job.kind,
+            job.queue,
+            job.attempt,
+            job.max_attempts,
+            verb,
+            duration,
+            _one_line(error.message),
+            then,
+            extra={
+                "event": event,
+                "job_id": job.id,
+                "kind": job.kind,
+                "queue": job.queue,
+                "attempt": job.attempt,
+                "max_attempts": job.max_attempts,
+                "duration": round(duration, 6),
+                "error": error.message,
+                "outcome": outcome.kind.value,
+                "retry_in": retry_in,
+            },
+        )
+
+
+def _one_line(text: str, limit: int = 500) -> str:
+    """`text` on one line (a log line per attempt stays one line) and at most `limit` long; the
+    `error` field keeps the whole message."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."

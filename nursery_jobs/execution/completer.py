@@ -122,6 +122,7 @@ class Completer:
                 "batches to find the ones it cannot store",
                 len(batch),
                 clean_text(describe_exception(exc), 500),
+                extra={"event": "outcomes_refused", "job_ids": [o.job_id for o in batch], "backend": self._backend.url},
             )
             await self._isolate(batch, exc)
 
@@ -163,6 +164,7 @@ class Completer:
                 out.job_id,
                 out.kind.value,
                 note,
+                extra={"event": "outcome_replaced", "job_id": out.job_id, "outcome": out.kind.value, "error": note},
             )
             return
         # Not even an outcome with no text could be written: that is the backend failing, not
@@ -172,6 +174,7 @@ class Completer:
             out.job_id,
             out.kind.value,
             clean_text(describe_exception(exc), 500),
+            extra={"event": "outcome_unwritable", "job_id": out.job_id, "outcome": out.kind.value, "backend": self._backend.url},
         )
         raise exc
 

@@ -45,8 +45,8 @@ from ..config import QueueConfig
 from ..errors import ArgsError
 from ..infra.owner import open_children, open_owner
 from ..infra.sync import Mailbox, Wakeup
-from ..jobs import JobContext, JobError, clean_text, decode_args
-from .attempt import Attempt, AttemptRegistry, KindRunner, decide, process_exit
+from ..jobs import Discard, JobContext, JobError, clean_text, decode_args
+from .attempt import Attempt, AttemptRegistry, KindRunner, decide, process_exit, report_failure
 from .completer import Completer
 
 log = logging.getLogger("nursery_jobs")
@@ -216,6 +216,7 @@ class QueueExecutor:
                         "took stays running in the backend and is rescued after rescue_after",
                         self.name,
                         self._flush_bound,
+                        extra={"event": "claim_unanswered", "queue": self.name},
                     )
                     break
                 result = answer
@@ -277,7 +278,8 @@ class QueueExecutor:
                     self._discard(job, clean_text(f"job args {what}: {exc}"))
                     continue
                 timeout = runner.timeout
-                deadline = trio.current_time() + timeout if timeout is not None else math.inf
+                started = trio.current_time()
+                deadline = started + timeout if timeout is not None else math.inf
                 scope = trio.CancelScope(deadline=deadline)
                 attempt = Attempt(job, scope, _children)
                 ctx = JobContext(args, deadline, attempt)
@@ -306,7 +308,11 @@ class QueueExecutor:
                     self.unwritten += 1
                     completer.push(_tuple_new(Outcome, (job.id, job.attempt, _COMPLETED, None, None)), self)  # common
                 else:
-                    self._push(decide(job, runner, attempt, error, self._backend.now(), self._rng))
+                    now = self._backend.now()
+                    outcome = decide(job, runner, attempt, error, now, self._rng)
+                    self._push(outcome)
+                    if outcome.error is not None:
+                        report_failure(job, outcome, trio.current_time() - started, now, "handler" if isinstance(error, Discard) else None)
                     if error is not None and not isinstance(error, Exception):
                         exit_exc = process_exit(error)
                         assert exit_exc is not None
@@ -317,7 +323,9 @@ class QueueExecutor:
                 self._all_exited.set()
 
     def _discard(self, job: ClaimedJob, message: str) -> None:
-        self._push(Outcome(job.id, job.attempt, OutcomeKind.DISCARD, None, JobError(job.attempt, self._backend.now(), message)))
+        outcome = Outcome(job.id, job.attempt, OutcomeKind.DISCARD, None, JobError(job.attempt, self._backend.now(), message))
+        self._push(outcome)
+        report_failure(job, outcome, 0.0, self._backend.now(), "unrunnable")
 
     def _push(self, outcome: Outcome) -> None:
         self.unwritten += 1

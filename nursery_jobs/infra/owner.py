@@ -59,7 +59,12 @@ class TaskOwner:
             try:
                 await fn(*args)
             except Exception:
-                log.exception("detached task %s/%s failed; its error was absorbed", self.name, name)
+                log.exception(
+                    "detached task %s/%s failed; its error was absorbed",
+                    self.name,
+                    name,
+                    extra={"event": "task_failed", "task": f"{self.name}/{name}"},
+                )
 
         self.spawn(absorbing, name=name)
 

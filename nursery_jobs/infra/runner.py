@@ -1,13 +1,14 @@
-"""The one `trio.run` of the library, and the signal watcher of `nursery_jobs.run`."""
+"""The one `trio.run` of the library, run-wide instruments, and the signal watcher of `nursery_jobs.run`."""
 
 from __future__ import annotations
 
 import signal
-from typing import Any, Awaitable, Callable, Sequence, TypeVar
+from contextlib import contextmanager
+from typing import Any, Awaitable, Callable, Iterator, Sequence, TypeVar
 
 import trio
 
-__all__ = ["run_trio", "watch_shutdown_signals"]
+__all__ = ["instrumented", "run_trio", "watch_shutdown_signals"]
 
 T = TypeVar("T")
 
@@ -19,6 +20,17 @@ def run_trio(
     instruments: Sequence[trio.abc.Instrument] = (),
 ) -> T:
     return trio.run(async_fn, *args, clock=clock, instruments=instruments)
+
+
+@contextmanager
+def instrumented(instrument: trio.abc.Instrument) -> Iterator[None]:
+    """`instrument` on the current run for the duration of the block (the testing kit's
+    checkpoint counter)."""
+    trio.lowlevel.add_instrument(instrument)
+    try:
+        yield
+    finally:
+        trio.lowlevel.remove_instrument(instrument)
 
 
 async def watch_shutdown_signals(

@@ -21,7 +21,7 @@ import trio
 
 from ..errors import RuntimeClosed
 
-__all__ = ["ThreadBudget", "current_budget", "run_blocking", "run_sync_io"]
+__all__ = ["ThreadBudget", "current_budget", "run_blocking", "run_callers_io", "run_sync_io"]
 
 T = TypeVar("T")
 
@@ -62,4 +62,14 @@ async def run_blocking(fn: Callable[..., T], *args: Any) -> T:
 async def run_sync_io(fn: Callable[..., T], *args: Any, limiter: trio.CapacityLimiter) -> T:
     """For the library's own blocking I/O (SQLite calls): a thread under `limiter`, never
     abandoned, so the Trio loop never blocks on a database call and no call outlives its caller."""
+    return await trio.to_thread.run_sync(fn, *args, limiter=limiter, abandon_on_cancel=False)
+
+
+async def run_callers_io(fn: Callable[..., T], *args: Any) -> T:
+    """For blocking calls the library makes on a connection the caller handed it (a sync
+    psycopg or sqlite3 connection passed to `enqueue_tx`): a thread under the runtime's budget
+    when one is current (the call is the service's I/O, as `run_blocking`'s is), Trio's default
+    limiter otherwise; never abandoned."""
+    budget = current_budget.get()
+    limiter = budget.limiter if budget is not None else trio.to_thread.current_default_thread_limiter()
     return await trio.to_thread.run_sync(fn, *args, limiter=limiter, abandon_on_cancel=False)

@@ -255,7 +255,7 @@ class WakeRegistry:
                 # The file is there but no process holds its socket: it died without cleaning up.
                 try:
                     os.unlink(path)
-                    log.debug("removed the stale wake-up socket %s", path)
+                    log.debug("removed the stale wake-up socket %s", path, extra={"event": "wake_stale_socket", "path": path})
                 except OSError:
                     pass
                 return sent
@@ -269,10 +269,10 @@ class WakeRegistry:
     def _report(self, key: str, message: str) -> None:
         """Log a problem once per registry (at debug level after that): a send happens per write."""
         if key in self._reported:
-            log.debug("%s", message)
+            log.debug("%s", message, extra={"event": "wake_problem", "problem": key})
         else:
             self._reported.add(key)
-            log.warning("%s", message)
+            log.warning("%s", message, extra={"event": "wake_problem", "problem": key})
 
     def close(self) -> None:
         """Close the sending socket (a later send opens another)."""

@@ -146,7 +146,7 @@ class LoopWatch(trio.abc.Instrument):
             except Exception:  # a hook that raises is disabled by Trio: never let it
                 self._repeats.clear()
                 self._close_at = math.inf
-                log.exception("blocked-loop watchdog: could not log its summaries; they are dropped")
+                log.exception("blocked-loop watchdog: could not log its summaries; they are dropped", extra={"event": "watchdog_failed"})
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
         now = self._clock()
@@ -172,7 +172,9 @@ class LoopWatch(trio.abc.Instrument):
         try:
             self._close_windows(self._clock(), everything=True)
         except Exception:  # the instrument must still be removed
-            log.exception("blocked-loop watchdog: could not log its last summaries; they are dropped")
+            log.exception(
+                "blocked-loop watchdog: could not log its last summaries; they are dropped", extra={"event": "watchdog_failed"}
+            )
         return True
 
     # -- the slow path: an offending step --
@@ -190,7 +192,12 @@ class LoopWatch(trio.abc.Instrument):
             else:
                 self._log_first(task, culprit, key, held, now)
         except Exception:
-            log.exception("blocked-loop watchdog: could not report a step of %.2f s in task %r", held, task.name)
+            log.exception(
+                "blocked-loop watchdog: could not report a step of %.2f s in task %r",
+                held,
+                task.name,
+                extra={"event": "watchdog_failed", "task": task.name},
+            )
         # Reporting took time of its own: the next step is measured from here.
         self._last = self._clock()
 
@@ -212,6 +219,7 @@ class LoopWatch(trio.abc.Instrument):
                 label += f" in its child task {culprit.child!r}"
             extra = {"job_id": culprit.job_id, "kind": culprit.kind, "queue": culprit.queue}
         extra["task"] = task.name
+        extra["event"] = "blocked_loop"
         if culprit is not None and culprit.ended:
             where = ", up to the end of its attempt"
         elif released is not None:

@@ -66,7 +66,11 @@ class Heartbeats:
                 try:
                     result = await self._backend.heartbeat(running)
                 except Exception:
-                    log.exception("heartbeat of %d running jobs failed", len(running))
+                    log.exception(
+                        "heartbeat of %d running jobs failed",
+                        len(running),
+                        extra={"event": "heartbeat_failed", "job_ids": [i for i, _ in running]},
+                    )
             now = trio.current_time()
             if result is None:
                 if now - last_ok >= self._rescue_after / 2:
@@ -74,6 +78,7 @@ class Heartbeats:
                         "no heartbeat for %g s (rescue_after is %g s): cancelling this process's running jobs",
                         now - last_ok,
                         self._rescue_after,
+                        extra={"event": "heartbeat_lost", "job_ids": [i for i, _ in running], "since": now - last_ok},
                     )
                     attempts.cancel("lost")
                 continue
@@ -116,7 +121,12 @@ class CancelHints:
             try:
                 result = await self._backend.heartbeat(running)
             except Exception:
-                log.warning("could not read back %d cancel requests; the next heartbeat will", len(running), exc_info=True)
+                log.warning(
+                    "could not read back %d cancel requests; the next heartbeat will",
+                    len(running),
+                    exc_info=True,
+                    extra={"event": "cancel_hints_failed", "job_ids": [i for i, _ in running]},
+                )
                 continue
             for job_id in result.cancel:
                 found = attempts.get(job_id)

@@ -36,8 +36,17 @@ class Rescuer:
             try:
                 rescued = await backend.rescue(backend.now() - self._rescue_after)
             except Exception:
-                log.exception("rescue of stale running jobs failed; retrying in %g s", self._interval)
+                log.exception(
+                    "rescue of stale running jobs failed; retrying in %g s",
+                    self._interval,
+                    extra={"event": "rescue_failed", "backend": backend.url},
+                )
             else:
                 if rescued:
-                    log.warning("rescued %d jobs whose worker stopped heartbeating: %s", len(rescued), rescued)
+                    log.warning(
+                        "rescued %d jobs whose worker stopped heartbeating: %s",
+                        len(rescued),
+                        rescued,
+                        extra={"event": "jobs_rescued", "job_ids": rescued, "backend": backend.url},
+                    )
             await trio.sleep(self._interval)

@@ -58,8 +58,17 @@ class Retention:
                     break
                 await trio.lowlevel.checkpoint()  # a backend whose call never yields (memory)
         except Exception:
-            log.exception("retention failed after deleting %d final jobs; retrying in %g s", deleted, self._interval)
+            log.exception(
+                "retention failed after deleting %d final jobs; retrying in %g s",
+                deleted,
+                self._interval,
+                extra={"event": "retention_failed", "deleted": deleted, "backend": backend.url},
+            )
         else:
             if deleted:
-                log.info("retention deleted %d final jobs", deleted)
+                log.info(
+                    "retention deleted %d final jobs",
+                    deleted,
+                    extra={"event": "retention_deleted", "deleted": deleted, "backend": backend.url},
+                )
         return deleted

@@ -1,4 +1,5 @@
-"""docs/backends.md, docs/guarantees.md and README.md: every code block there is code that runs.
+"""docs/backends.md, docs/guarantees.md, docs/transactions.md and README.md: every code block there
+is code that runs.
 
 Each ```python block of these pages is one of:
 
@@ -41,7 +42,7 @@ from tests import pgutil
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-PAGES = [DOCS / "backends.md", DOCS / "guarantees.md", ROOT / "README.md"]
+PAGES = [DOCS / "backends.md", DOCS / "guarantees.md", DOCS / "transactions.md", ROOT / "README.md"]
 THIS_FILE = Path(__file__)
 NJ_CLI = str(Path(sys.executable).with_name("nursery-jobs"))
 BASE_ENV = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "JOBS_URL")}

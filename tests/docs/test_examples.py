@@ -114,8 +114,8 @@ def test_quickstart_runs_to_completion_and_prints_the_summary() -> None:
     rows = summary_rows(out)
     # Deterministic by construction: docs 7, 47, 87, 127 fail once; events 3, 53, 103 fail once;
     # events 10, 60, 110 go to an endpoint that answers 410 and are discarded.
-    assert (rows["index"]["completed"], rows["index"]["retried"], rows["index"]["failed"]) == (150, 4, 0)
-    assert (rows["webhook"]["completed"], rows["webhook"]["retried"], rows["webhook"]["failed"]) == (147, 3, 3)
+    assert (rows["index"]["completed"], rows["index"]["retried"], rows["index"]["discarded"]) == (150, 4, 0)
+    assert (rows["webhook"]["completed"], rows["webhook"]["retried"], rows["webhook"]["discarded"]) == (147, 3, 3)
 
 
 def test_quickstart_jobs_flag_changes_the_work() -> None:
@@ -189,9 +189,10 @@ def test_memory_benchmark_is_importable_without_side_effects() -> None:
 # -- the user docs: every block a user would copy is code that runs --------------------------------
 
 DOCS = ROOT / "docs"
-DOC_PAGES = ["index.md", "quickstart.md", "concepts.md", "shutdown.md", "testing.md"]
+DOC_PAGES = ["index.md", "quickstart.md", "concepts.md", "shutdown.md", "testing.md", "resources.md"]
 TESTING_EXAMPLE = ROOT / "tests" / "docs" / "test_docs_testing_example.py"
-EXCERPT_SOURCES = [QUICKSTART, TESTING_EXAMPLE]
+KIT_EXAMPLE = ROOT / "examples" / "test_service.py"
+EXCERPT_SOURCES = [QUICKSTART, TESTING_EXAMPLE, KIT_EXAMPLE]
 
 
 def python_blocks() -> list[tuple[str, int, str]]:
@@ -225,10 +226,11 @@ def test_every_python_block_in_the_docs_is_verbatim_source_or_runs(page: str, li
     assert result.returncode == 0, f"docs/{page}:{line} failed:\n{result.stdout}\n{result.stderr}"
 
 
-def test_the_testing_page_includes_the_example_test_verbatim() -> None:
+@pytest.mark.parametrize("example", [KIT_EXAMPLE, TESTING_EXAMPLE], ids=lambda p: p.name)
+def test_the_testing_page_includes_the_example_tests_verbatim(example: Path) -> None:
     page = (DOCS / "testing.md").read_text()
-    assert f"```python\n{TESTING_EXAMPLE.read_text()}```" in page, (
-        "docs/testing.md must include tests/docs/test_docs_testing_example.py verbatim; copy the file into the page"
+    assert f"```python\n{example.read_text()}```" in page, (
+        f"docs/testing.md must include {example.relative_to(ROOT)} verbatim; copy the file into the page"
     )
 
 

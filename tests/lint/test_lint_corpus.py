@@ -150,3 +150,26 @@ def test_same_spawn_is_clean_in_allow_and_tests() -> None:
     assert codes(source, "nursery_jobs/infra/owner.py") == set()
     assert codes(source, "tests/test_owner.py") == set()
     assert codes(source, "nursery_jobs/owner.py") == {"NJS102"}
+
+
+def test_njs106_sends_a_service_entry_point_to_nj_run_with_main_grace_and_the_page_it_names_says_so() -> None:
+    """A service that starts its own loop to serve beside `open_runtime` is told the way that
+    drains (nj.run with main_grace), and the docs section the message names teaches exactly that."""
+    source = "import trio\nasync def main(): ...\ntrio.run(main)\n"
+    [finding] = check_source(source, "service/app.py", CONFIG)
+    assert finding.code == "NJS106"
+    assert "nursery_jobs.run(main, app=app, main_grace=seconds)" in finding.message
+    assert "rt.shutdown_requested" in finding.message
+    assert "docs/shutdown.md#web-services-that-drain" in finding.message
+    bridge = check_source("import trio\ntrio.from_thread.run_sync(f)\n", "service/app.py", CONFIG)
+    assert [f.code for f in bridge] == ["NJS106"] and "main_grace" not in bridge[0].message
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    shutdown = (root / "docs" / "shutdown.md").read_text()
+    section = shutdown[shutdown.index("## Web services that drain") :]
+    section = section[: section.index("\n## ", 1)]
+    for needed in ("main_grace", "shutdown_trigger=rt.shutdown_requested.wait", "nj.run", "NJS106"):
+        assert needed in section, needed
+    lint_page = (root / "docs" / "lint.md").read_text()
+    njs106 = lint_page[lint_page.index("### NJS106") : lint_page.index("### NJS107")]
+    assert "main_grace" in njs106 and "(shutdown.md#web-services-that-drain)" in njs106

@@ -54,6 +54,9 @@ class DelegatingBackend:
     def now(self) -> float:
         return self.inner.now()
 
+    def wall_offset(self) -> float:
+        return self.inner.wall_offset()
+
     async def open(self) -> None:
         await self._step()
         await self.inner.open()

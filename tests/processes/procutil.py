@@ -273,6 +273,17 @@ class Spawner:
         self.procs.append(proc)
         return proc
 
+    def script(self, path: str, *argv: str, name: str) -> Proc:
+        """Start another script of this folder (`python path argv...`), its output in files."""
+        out, err = self._files(name)
+        with open(out, "wb") as fout, open(err, "wb") as ferr:
+            popen = subprocess.Popen(
+                [sys.executable, path, *argv], stdin=subprocess.DEVNULL, stdout=fout, stderr=ferr, env=self.env()
+            )
+        proc = Proc(popen, name, out, err)
+        self.procs.append(proc)
+        return proc
+
     def run_worker_cli(self, *argv: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         """Run `worker.py` to completion (bounded) and return its result."""
         return subprocess.run(

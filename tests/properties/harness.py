@@ -385,6 +385,9 @@ class _Forward:
     def now(self) -> float:
         return self.inner.now()
 
+    def wall_offset(self) -> float:
+        return self.inner.wall_offset()
+
     async def open(self) -> None:
         await self.inner.open()
 

@@ -11,9 +11,9 @@ import nursery_jobs as nj
 QUICKSTART = Path(__file__).resolve().parents[2] / "docs" / "quickstart.md"
 
 EXPECTED = {
-    "App", "ArgsError", "Backend", "BackendError", "BackendUnavailable", "ConfigError", "Discard", "Job", "JobContext", "JobError",
+    "App", "ArgsError", "Backend", "BackendError", "BackendUnavailable", "Client", "ConfigError", "Discard", "Job", "JobContext", "JobError",
     "JobId", "JobKind", "JobNotFound", "JobState", "MemoryBackend", "NurseryJobsError", "QueueConfig",
-    "QueueStats", "Receipt", "RetryPolicy", "Runtime", "RuntimeClosed", "RuntimeSettings",
+    "QueueStats", "Receipt", "Resource", "ResourceError", "Resources", "RetryPolicy", "Runtime", "RuntimeClosed", "RuntimeSettings",
     "Snooze", "UnknownJob", "open_backend", "open_runtime", "run", "run_blocking",
 }  # fmt: skip
 

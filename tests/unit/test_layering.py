@@ -9,7 +9,8 @@ circle closed by a type-only import is still a circle in the design. From the bo
 - `app` (declarations; builds the jobs a backend stores)
 - `execution`, `coordination`, `services` (each part built with exactly what it uses)
 - `client` (enqueue, get, wait, cancel, stats)
-- `runtime` (the composition root), then `cli` and the package's `__init__`
+- `runtime` (the composition root), then `cli` and the package's `__init__`, and the testing kit
+  (`testing`, `pytest_plugin`), which drives the runtime from above
 
 A part may import its own layer's modules and any layer below, never one above; and the import
 graph has no cycle.
@@ -46,6 +47,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     ),
     "nursery_jobs.runtime": ("nursery_jobs",),
     "nursery_jobs.cli": ("nursery_jobs",),
+    "nursery_jobs.testing": ("nursery_jobs",),  # the testing kit: above the runtime it drives
+    "nursery_jobs.pytest_plugin": ("nursery_jobs",),
     "nursery_jobs": ("nursery_jobs",),  # the package's __init__: the public API
 }  # fmt: skip
 

@@ -35,7 +35,7 @@ PLANTED = textwrap.dedent(
 
     async def test_a_trio_test_after_the_hang_still_runs(autojump_clock):
         async with nj.open_runtime(nj.App()) as rt:
-            assert (await rt.stats())["default"].running == 0
+            assert (await rt.stats()) == {}  # no queue is used
 
 
     def test_a_plain_test_that_hangs():

@@ -205,7 +205,11 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
                         try:
                             await self._send_cancel()
                         except Exception:
-                            log.debug("could not send a cancel request; waiting for the statement", exc_info=True)
+                            log.debug(
+                                "could not send a cancel request; waiting for the statement",
+                                exc_info=True,
+                                extra={"event": "pg_cancel_unsent"},
+                            )
                     s = gen.send(await self._ready(s, fileno))
                     if pgconn.transaction_status != _ACTIVE:
                         asked = False  # that statement ended: one sent after it is cancelled too
@@ -215,7 +219,11 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
                 pass  # stopped by the server, or failed anyway: no effect; a broken connection is dropped
         if scope.cancelled_caught:
             gen.close()
-            log.warning("a cancelled statement did not stop within %g s: closing its connection", DRAIN_TIMEOUT)
+            log.warning(
+                "a cancelled statement did not stop within %g s: closing its connection",
+                DRAIN_TIMEOUT,
+                extra={"event": "pg_cancel_timeout"},
+            )
             self.close_now()
         raise cancelled
 

@@ -61,7 +61,7 @@ async def listen(
                 started = True
                 task_status.started()
             else:
-                log.warning("LISTEN connection re-established")
+                log.warning("LISTEN connection re-established", extra={"event": "listen_reconnected"})
                 on_reconnect()
             backoff = 0.1
             await _pump(conn, on_notify, ping_interval, ping_timeout)
@@ -70,6 +70,7 @@ async def listen(
                 "LISTEN connection lost (%s); retrying in %.1f s, polling meanwhile",
                 redact(" ".join(str(exc).split()), given, conninfo),
                 backoff,
+                extra={"event": "listen_lost", "retry_in": backoff},
             )
             if not started:
                 started = True

@@ -234,18 +234,6 @@ async def test_transactional_enqueue_on_the_callers_connection(pg_url):
     assert ran == ["ada"]
 
 
-async def test_transactional_enqueue_needs_postgres():
-    app = nj.App()
-
-    @app.job()
-    async def noop(ctx):
-        pass
-
-    async with nj.open_runtime(app) as rt:
-        with pytest.raises(nj.ConfigError, match="needs the PostgreSQL backend"):
-            await rt.enqueue_tx(object(), "noop", {})
-
-
 async def test_survives_terminated_connections(pg_url):
     app = nj.App()
     app.queue("q", max_workers=4, timeout=10, poll_interval=60)
