@@ -343,9 +343,18 @@ def _postgres_store(request: pytest.FixtureRequest) -> Store:
 
 
 def _pool_in_use(backend: Any) -> bool:
-    """A connection of its pool taken: a round trip (or a connect) runs."""
+    """A round trip runs on one of its pool's connections (a statement sent, its answer not
+    all read), or a connection is being opened (a slot taken, no connection handed out for it
+    yet). A connection merely checked out -- a caller's transaction, idle -- is not: virtual
+    time must go on while a test holds one."""
+    from psycopg.pq import TransactionStatus
+
     pool = backend._pool
-    return pool is not None and pool._slots.value < pool.size
+    if pool is None:
+        return False
+    if pool.size - pool._slots.value > pool.checked_out:
+        return True
+    return any(conn.pgconn.transaction_status == TransactionStatus.ACTIVE for conn in list(pool._pids))
 
 
 def _postgres_harness(request: pytest.FixtureRequest) -> Callable[[], nj.Backend]:
