@@ -105,10 +105,20 @@ class TestRuntime(Runtime):
 
     async def insert(self, jobs: Sequence[NewJob]) -> list[JobId]:
         ids = await super().insert(jobs)
+        self._record(jobs, ids)
+        return ids
+
+    def _record(self, jobs: Sequence[NewJob], ids: Sequence[JobId]) -> None:
         for job, job_id in zip(jobs, ids):
             if not job_id.existing:
                 self.enqueued[int(job_id)] = job
                 self._unreported.add(int(job_id))
+
+    async def insert_tx(self, conn: Any, jobs: Sequence[NewJob]) -> list[JobId]:
+        # Recorded at once: a job whose transaction rolls back is gone (`JobNotFound`) when a
+        # drain reads it, and a drain skips it.
+        ids = await super().insert_tx(conn, jobs)
+        self._record(jobs, ids)
         return ids
 
     async def drain(self, *, horizon: float = DEFAULT_HORIZON, max_steps: int = DEFAULT_MAX_STEPS) -> list[Job]:

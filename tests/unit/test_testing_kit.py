@@ -168,6 +168,18 @@ async def test_drain_follows_the_jobs_that_jobs_enqueue(runtime: TestRuntime) ->
     assert all(j.state is nj.JobState.COMPLETED for j in jobs)
 
 
+async def test_drain_follows_jobs_enqueued_in_a_transaction_and_skips_rolled_back_ones(runtime: TestRuntime) -> None:
+    async with runtime.transaction() as conn:
+        kept = await flaky.enqueue_tx(conn, fail_first=1)
+    with pytest.raises(Down):
+        async with runtime.transaction() as conn:
+            await flaky.enqueue_tx(conn, fail_first=0)
+            raise Down("the request failed: its job goes with it")
+    jobs = await runtime.drain(horizon=120)
+    assert [(j.id, j.state, j.attempt) for j in jobs] == [(kept, nj.JobState.COMPLETED, 2)]
+    assert nj.testing.assert_enqueued(runtime, flaky, fail_first=1) == kept
+
+
 async def test_drain_reports_a_job_that_snoozes_forever_instead_of_hanging(runtime: TestRuntime) -> None:
     await flaky.enqueue()
     job_id = await snoozer.enqueue(seconds=7)
