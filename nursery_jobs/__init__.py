@@ -40,7 +40,7 @@ from .errors import (
 )
 from .infra.threads import run_blocking
 from .jobs import Discard, Job, JobContext, JobError, JobId, JobState, Receipt, Resource, Resources, Snooze
-from .client import Client, QueueStats
+from .client import Client, QueueStats, publish
 from .runtime import Runtime, open_runtime, run
 
 if _TYPE_CHECKING:
@@ -78,6 +78,7 @@ __all__ = [
     "UnknownJob",
     "open_backend",
     "open_runtime",
+    "publish",
     "run",
     "run_blocking",
 ]

@@ -17,14 +17,16 @@ from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 import attrs
 import trio
 
+from ._context import get_enqueuer
 from .app import App, EnqueueOptions, JobKind
-from .backends import Backend, NewJob, QueueCounts, TransactionalEnqueue
+from .backends import Backend, NewJob, Outbox, QueueCounts, TransactionalEnqueue
+from .config import check_name
 from .coordination.receipts import Receipts
 from .errors import ConfigError, RuntimeClosed
 from .infra.threads import ThreadBudget
-from .jobs import Job, JobId, JobState, Receipt, _ExistingJobId, check_job_id
+from .jobs import Job, JobId, JobState, Receipt, _ExistingJobId, check_job_id, encode_payload
 
-__all__ = ["Client", "QueueStats"]
+__all__ = ["Client", "QueueStats", "publish"]
 
 
 @attrs.frozen
@@ -192,6 +194,38 @@ class Client:
         async with backend.transaction() as conn:
             yield conn
 
+    # -- the outbox --
+
+    def _outbox(self, what: str) -> Outbox:
+        backend = self.backend
+        if not isinstance(backend, Outbox):
+            raise ConfigError(f"{what} needs a backend with an outbox (memory, SQLite, PostgreSQL); {backend.url} has none")
+        return backend
+
+    async def publish(self, topic: str, payload: Any) -> None:
+        """Publish an event on `topic` now, in a transaction of the backend's own: every job
+        kind subscribed to `topic` (`@app.subscribe`) gets one job of it, made by the relay of
+        whichever process claims it. For an event that must commit with your own rows, use
+        ``nj.publish(conn, topic, payload)`` inside the transaction instead.
+
+        `payload`: a JSON value, held to the rules of job args (`ArgsError`); it becomes the
+        subscribers' keyword arguments (or goes through their `args=` mapping). `topic`: a name
+        like a queue's (`ConfigError`). Raises RuntimeClosed once shutdown began."""
+        backend = self._outbox("rt.publish")
+        event = (check_name("topic", topic), encode_payload(payload))
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        await backend.publish([event])
+
+    async def publish_tx(self, conn: Any, topic: str, payload: Any) -> None:
+        """`publish` inside the transaction open on `conn` (the connections `enqueue_tx`
+        takes): the event exists only if that transaction commits. See `nj.publish`."""
+        backend = self._outbox("nj.publish")
+        event = (check_name("topic", topic), encode_payload(payload))
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        await backend.publish_tx(conn, [event])
+
     # -- read, wait, cancel --
 
     async def get_job(self, job_id: int) -> Job:
@@ -239,3 +273,20 @@ class Client:
                 interrupted=c.interrupted,
             )
         return out
+
+
+async def publish(conn: Any, topic: str, payload: Any) -> None:
+    """Publish an event on `topic` inside the transaction open on `conn`, with the runtime of
+    the current context: the event -- and so the job of every kind subscribed to `topic` --
+    exists if and only if that transaction commits (docs/outbox.md).
+
+    `conn`: the connection ``rt.transaction()`` lends, or one of your own, as for
+    `kind.enqueue_tx`: a psycopg `Connection` or `AsyncConnection` to the runtime's database,
+    or a `sqlite3.Connection` to the backend's file (memory has only ``rt.transaction()``; or
+    use ``rt.publish(topic, payload)`` outside a transaction). `payload`: a JSON value held to
+    the rules of job args (`ArgsError`). Raises ConfigError for a bad topic or a connection the
+    backend cannot use, RuntimeClosed outside a runtime or once shutdown began."""
+    client = get_enqueuer("nj.publish()")
+    if not isinstance(client, Client):
+        raise ConfigError(f"nj.publish() needs the runtime's client in this context, not {client!r}")
+    await client.publish_tx(conn, topic, payload)

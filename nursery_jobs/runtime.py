@@ -8,11 +8,12 @@ takes the whole runtime.
 Start order (each step only once the previous one is ready): validate the app and settings ->
 open the backend -> subscribe to its events -> the app's resources, in declaration order -> the
 backend's own service (LISTEN) -> completer -> heartbeats, cancel hints, rescuer, retention ->
-one executor per queue -> user code.
+the outbox relay -> one executor per queue -> user code.
 
 Shutdown reverses it, and every step is bounded:
 
-1. refuse new enqueues (`RuntimeClosed`) and stop claiming: fetchers stop, idle workers exit;
+1. stop the outbox relay (its pass in flight rolls back, its rows stay), refuse new enqueues
+   (`RuntimeClosed`) and stop claiming: fetchers stop, idle workers exit;
 2. wait up to `grace` seconds for running attempts to finish on their own;
 3. cancel what is still running, with the reason "shutdown": those attempts are *interrupted*,
    not failed -- the attempt is given back and the job is available again (on durable backends,
@@ -54,7 +55,17 @@ import trio
 
 from ._context import culprit_of, current_enqueuer, current_resources
 from .app import App
-from .backends import Backend, BackendEvent, CancelRequested, ClaimedJob, JobFinalized, JobsAvailable, open_backend
+from .backends import (
+    Backend,
+    BackendEvent,
+    CancelRequested,
+    ClaimedJob,
+    JobFinalized,
+    JobsAvailable,
+    Outbox,
+    OutboxPublished,
+    open_backend,
+)
 from .client import Client, QueueStats
 from .config import RuntimeSettings
 from .coordination.receipts import Receipts
@@ -70,6 +81,7 @@ from .infra.watchdog import watch_blocked_loop
 from .services import ServiceSet
 from .services.backend import BackendService
 from .services.heartbeats import CancelHints, Heartbeats
+from .services.relay import Relay, Router
 from .services.rescuer import Rescuer
 from .services.retention import Retention
 
@@ -134,6 +146,13 @@ class Runtime(Client):
                 ),
             ]
         )
+        router = Router(app.subscriptions, backend.now)
+        self.relay: Relay | None = None
+        """The outbox relay (None when the app subscribes to nothing or the backend has no
+        outbox); its own service set, started after the others and stopped first."""
+        if router.topics and isinstance(backend, Outbox):
+            self.relay = Relay(backend, router, batch=settings.relay_batch, interval=settings.relay_interval)
+        self.relay_service = ServiceSet([self.relay] if self.relay is not None else [])
         self.shutdown_requested = trio.Event()
         """Set when the service is asked to stop: at `nj.run`'s first signal and by
         `begin_shutdown` (so also when the runtime's shutdown begins). A server in `main` waits
@@ -162,6 +181,9 @@ class Runtime(Client):
                 executor = self.executors.get(event.queue)
                 if executor is not None:
                     executor.wake_up(event.due)
+        elif type(event) is OutboxPublished:
+            if self.relay is not None:
+                self.relay.wake()
         elif isinstance(event, CancelRequested):
             if event.verified:
                 attempt = self.attempts.get(event.job_id)
@@ -175,7 +197,8 @@ class Runtime(Client):
     def begin_shutdown(self) -> None:
         """Start the shutdown now: refuse enqueues and stop claiming, while the service's own
         code (main) is still winding down; sets `shutdown_requested`. Leaving `open_runtime`
-        does the rest."""
+        does the rest. The outbox relay stops first: no job is made after this."""
+        self.relay_service.stop()
         self.shutdown_requested.set()
         self.closing = True
         for executor in self.executors.values():
@@ -347,6 +370,7 @@ async def open_runtime(
                 await rt.backend_service.start(owner)
                 await owner.start(rt.completer.run, name="completer")
                 await rt.services.start(owner)
+                await rt.relay_service.start(owner)
                 for name, executor in rt.executors.items():
                     await owner.start(executor.run, name=f"queue:{name}")
                 graceful = True

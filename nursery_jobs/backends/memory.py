@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import itertools
 import math
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Mapping, Sequence
@@ -40,9 +41,12 @@ from .protocol import (
     JobsAvailable,
     Listener,
     NewJob,
+    OutboxEvent,
+    OutboxPublished,
     Outcome,
     OutcomeKind,
     QueueCounts,
+    Route,
 )
 
 _tuple_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
@@ -95,10 +99,12 @@ class MemoryTransaction:
     """What `rt.transaction()` yields on the memory backend: the jobs enqueued in it, shown
     at its commit. It runs no SQL (a service's own rows need a database)."""
 
-    __slots__ = ("backend", "jobs", "open", "results")
+    __slots__ = ("backend", "events", "jobs", "open", "results")
 
     def __init__(self, backend: MemoryBackend) -> None:
         self.backend = backend
+        self.events: list[tuple[str, str]] = []
+        """Outbox events published in it, stored at its commit."""
         self.jobs: list[NewJob] = []
         self.results: list[InsertResult] = []
         self.open = True
@@ -129,6 +135,9 @@ class MemoryBackend:
         self._listeners: list[Listener] = []
         self._running: set[int] = set()
         self._next_id = 1
+        self._outbox: dict[int, tuple[str, str]] = {}
+        """Outbox events not relayed yet, by id (in publish order)."""
+        self._next_event = 1
 
     def __repr__(self) -> str:
         return f"<MemoryBackend jobs={len(self._rows)}>"
@@ -265,6 +274,8 @@ class MemoryBackend:
             raise
         tx.open = False
         self._store(tx.jobs, tx.results, self.now())
+        if tx.events:
+            self._add_events(tx.events)
 
     async def insert_tx(self, conn: Any, jobs: Sequence[NewJob]) -> list[InsertResult]:
         if not isinstance(conn, MemoryTransaction) or conn.backend is not self:
@@ -278,6 +289,45 @@ class MemoryBackend:
         conn.jobs.extend(jobs)
         conn.results.extend(results)
         return results
+
+    # -- the outbox --
+
+    def _add_events(self, events: Sequence[tuple[str, str]]) -> None:
+        for event in events:
+            self._outbox[self._next_event] = event
+            self._next_event += 1
+        self._emit(OutboxPublished())
+
+    async def publish(self, events: Sequence[tuple[str, str]]) -> None:
+        if events:
+            self._add_events(events)
+
+    async def publish_tx(self, conn: Any, events: Sequence[tuple[str, str]]) -> None:
+        if not isinstance(conn, MemoryTransaction) or conn.backend is not self:
+            raise ConfigError(
+                "publish on the memory backend takes the transaction of "
+                f"`async with rt.transaction() as tx:`, not {type(conn).__name__}; outside one, use rt.publish"
+            )
+        if not conn.open:
+            raise ConfigError("publish: this transaction has ended; publish inside its `async with` block")
+        conn.events.extend(events)
+
+    async def relay(self, topics: Sequence[str], route: Route, limit: int) -> int:
+        # Never yields: the pass is atomic, as a durable backend's transaction is.
+        wanted = set(topics)
+        claimed = list(
+            itertools.islice(
+                (OutboxEvent(i, t, p) for i, (t, p) in self._outbox.items() if t in wanted), max(limit, 0)
+            )
+        )
+        if not claimed:
+            return 0
+        jobs = [job for made in route(claimed) for job in made]
+        for event in claimed:
+            del self._outbox[event.id]
+        if jobs:
+            self._store(jobs, self._admit(jobs), self.now())
+        return len(claimed)
 
     async def claim(self, queue: str, limit: int) -> ClaimResult:
         now = self.now()

@@ -89,8 +89,11 @@ from .protocol import (
     JobsAvailable,
     Listener,
     NewJob,
+    OutboxEvent,
+    OutboxPublished,
     Outcome,
     QueueCounts,
+    Route,
 )
 from .rows import counts_from_rows, job_from_row
 from .transitions import sql_case
@@ -606,6 +609,9 @@ class PostgresBackend:
             self._emit([JobsAvailable(payload)])
             return
         kind, _, ids = payload.partition(":")
+        if kind == "o":
+            self._emit([OutboxPublished()])
+            return
         events: list[BackendEvent] = []
         for text in ids.split(","):
             if text.isdigit():
@@ -921,7 +927,7 @@ class PostgresBackend:
                     "keep transactions short (no network calls inside), or raise pool_size"
                 ) from None
         try:
-            staged: list[tuple[Sequence[NewJob], list[float], list[InsertResult], float]] = []
+            staged: list[tuple[Sequence[NewJob], list[float], list[InsertResult], float] | OutboxPublished] = []
             async with AsyncExitStack() as stack:
                 try:
                     conn = await stack.enter_async_context(self.pool.connection())
@@ -969,8 +975,11 @@ class PostgresBackend:
                         raise
                 finally:
                     del self._lent[conn]
-            for jobs, run_ats, results, now in staged:  # committed: tell this process's runtime
-                self._emit_inserted(jobs, run_ats, results, now)
+            for entry in staged:  # committed: tell this process's runtime
+                if isinstance(entry, OutboxPublished):
+                    self._emit([entry])
+                else:
+                    self._emit_inserted(*entry)
         finally:
             slots.release()
 
@@ -998,6 +1007,77 @@ class PostgresBackend:
         if staged is not None:
             staged.append((jobs, run_ats, results, now))
         return results
+
+    # -- the outbox --
+
+    async def publish(self, events: Sequence[tuple[str, str]]) -> None:
+        if not events:
+            await trio.lowlevel.checkpoint()
+            return
+        q, params = self._publish_params(events)
+        # Not retried: whether a lost connection's insert committed is unknown.
+        await self._run(lambda c: _one(c, q, params), retry=False)
+        self._emit([OutboxPublished()])
+
+    def _publish_params(self, events: Sequence[tuple[str, str]]) -> tuple[bytes, tuple[Any, ...]]:
+        topics = [t for t, _ in events]
+        payloads = [p for _, p in events]
+        return self._q["publish"], (self.now(), topics, payloads, self._events_channel)
+
+    async def publish_tx(self, conn: Any, events: Sequence[tuple[str, str]]) -> None:
+        staged = None
+        if isinstance(conn, TrioConnection):  # only ever one of the pool's: lent, or no longer
+            staged = self._lent.get(conn)
+            if staged is None:
+                raise ConfigError(
+                    "publish: this transaction has ended (its connection went back to the pool); "
+                    "publish inside its `async with rt.transaction()` block"
+                )
+        session = self._session_for(conn)
+        q, params = self._publish_params(events)
+        try:
+            await session.one(q, params)
+        except psycopg.errors.UndefinedTable as exc:
+            raise ConfigError(
+                f"publish: the connection reaches database {conn.info.dbname!r}, which has no nursery_jobs schema "
+                f"{self.schema!r} at version 9 or later; pass a connection to the runtime's database ({self.url}) "
+                "and run `nursery-jobs migrate`"
+            ) from exc
+        except psycopg.Error as exc:
+            raise redact_exception(exc, self.conninfo)
+        if staged is not None:
+            staged.append(OutboxPublished())
+
+    async def relay(self, topics: Sequence[str], route: Route, limit: int) -> int:
+        if limit <= 0 or not topics:
+            await trio.lowlevel.checkpoint()
+            return 0
+        now = self.now()
+        wanted = list(topics)
+        claim, delete = self._q["relay_claim"], self._q["relay_delete"]
+
+        async def one_pass(conn: TrioConnection) -> tuple[int, list[NewJob], list[float], list[InsertResult]]:
+            # One short transaction: claim (rows other passes hold are skipped, not waited
+            # for), route in memory, insert the jobs, delete the rows. Anything that raises in
+            # it -- route, a lost connection, a cancellation -- rolls all of it back.
+            async with conn.transaction():
+                rows = await _all(conn, claim, (wanted, limit))
+                if not rows:
+                    return 0, [], [], []
+                claimed = [OutboxEvent(r[0], r[1], r[2]) for r in rows]
+                jobs = [job for made in route(claimed) for job in made]
+                run_ats = [now if j.run_at is None or j.run_at < now else j.run_at for j in jobs]
+                results = await self._insert(_TrioSession(conn), jobs, run_ats, now)
+                await _exec(conn, delete, (_int_array([e.id for e in claimed]),))
+            return len(claimed), jobs, run_ats, results
+
+        # Safe to repeat: a pass that committed before its connection was lost deleted its
+        # rows, so the retry finds them gone and makes no second job.
+        count, jobs, run_ats, results = await self._run(one_pass)
+        if jobs:
+            self._emit_inserted(jobs, run_ats, results, now)
+        relayed: int = count
+        return relayed
 
     def _session_for(self, conn: Any) -> _Session:
         if isinstance(conn, TrioConnection):
@@ -1428,6 +1508,20 @@ _QUERIES: dict[str, sql.SQL] = {
         "SELECT id, kind, queue, args, state, attempt, max_attempts, priority, run_at, created_at,"
         " attempted_at, finalized_at, errors::text, unique_key FROM {s}.jobs WHERE id = %s"
     ),
+    # The outbox (migration 0009): one statement per publish, its NOTIFY sent at the commit.
+    "publish": sql.SQL(
+        "WITH ins AS (INSERT INTO {s}.outbox (topic, payload, created_at)"
+        " SELECT t, p, %s::float8 FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS u(t, p, ord) ORDER BY ord"
+        " RETURNING 1)"
+        " SELECT (SELECT count(*) FROM ins), pg_notify(%s, 'o:')"
+    ),
+    # Claims rows, never a range after a remembered id: a row whose transaction commits after a
+    # later row's is claimed by the next pass, not skipped.
+    "relay_claim": sql.SQL(
+        "SELECT id, topic, payload FROM {s}.outbox WHERE topic = ANY(%s::text[])"
+        " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
+    ),
+    "relay_delete": sql.SQL("DELETE FROM {s}.outbox WHERE id = ANY(%s::bigint[])"),
     "stats": sql.SQL(
         "SELECT queue, state, count(*), sum(failed_attempts), sum(interrupted) FROM {s}.jobs GROUP BY queue, state"
     ),
