@@ -1033,7 +1033,7 @@ class PostgresBackend:
                     "publish: this transaction has ended (its connection went back to the pool); "
                     "publish inside its `async with rt.transaction()` block"
                 )
-        session = self._session_for(conn)
+        session = self._session_for(conn, "publish")
         q, params = self._publish_params(events)
         try:
             await session.one(q, params)
@@ -1079,7 +1079,7 @@ class PostgresBackend:
         relayed: int = count
         return relayed
 
-    def _session_for(self, conn: Any) -> _Session:
+    def _session_for(self, conn: Any, what: str = "enqueue_tx") -> _Session:
         if isinstance(conn, TrioConnection):
             session: _Session = _TrioSession(conn)
         elif isinstance(conn, psycopg.AsyncConnection):
@@ -1087,7 +1087,7 @@ class PostgresBackend:
 
             if not loop_running():
                 raise ConfigError(
-                    "enqueue_tx with an async psycopg connection needs a trio-asyncio loop: open one "
+                    f"{what} with an async psycopg connection needs a trio-asyncio loop: open one "
                     "with `async with trio_asyncio.open_loop():` around your code, or pass a sync Connection"
                 )
             session = _AsyncioSession(conn)
@@ -1095,13 +1095,13 @@ class PostgresBackend:
             session = _ThreadSession(conn)
         else:
             raise ConfigError(
-                "enqueue_tx on the PostgreSQL backend takes the connection rt.transaction() lends, or a psycopg "
+                f"{what} on the PostgreSQL backend takes the connection rt.transaction() lends, or a psycopg "
                 f"Connection or AsyncConnection of your own, not {type(conn).__name__}"
             )
         if self._dbname is not None and conn.info.dbname != self._dbname:
             raise ConfigError(
-                f"enqueue_tx got a connection to database {conn.info.dbname!r}, but this runtime's jobs are in "
-                f"{self._dbname!r} ({self.url}); enqueue on a connection to that database"
+                f"{what} got a connection to database {conn.info.dbname!r}, but this runtime's jobs are in "
+                f"{self._dbname!r} ({self.url}); use a connection to that database"
             )
         return session
 
