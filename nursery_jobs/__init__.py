@@ -40,8 +40,8 @@ from .errors import (
 )
 from .infra.threads import run_blocking
 from .jobs import Discard, Job, JobContext, JobError, JobId, JobState, Receipt, Resource, Resources, Snooze
-from .client import Client, QueueStats, publish
-from .runtime import Runtime, open_runtime, run
+from .client import Client, QueueStats
+from .runtime import Runtime, open_runtime, publish, run
 
 if _TYPE_CHECKING:
     from . import testing as testing

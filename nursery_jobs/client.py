@@ -17,7 +17,6 @@ from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 import attrs
 import trio
 
-from ._context import get_enqueuer
 from .app import App, EnqueueOptions, JobKind
 from .backends import Backend, NewJob, Outbox, QueueCounts, TransactionalEnqueue
 from .config import check_name
@@ -26,7 +25,7 @@ from .errors import ConfigError, RuntimeClosed
 from .infra.threads import ThreadBudget
 from .jobs import Job, JobId, JobState, Receipt, _ExistingJobId, check_job_id, encode_payload
 
-__all__ = ["Client", "QueueStats", "publish"]
+__all__ = ["Client", "QueueStats"]
 
 
 @attrs.frozen
@@ -274,19 +273,3 @@ class Client:
             )
         return out
 
-
-async def publish(conn: Any, topic: str, payload: Any) -> None:
-    """Publish an event on `topic` inside the transaction open on `conn`, with the runtime of
-    the current context: the event -- and so the job of every kind subscribed to `topic` --
-    exists if and only if that transaction commits (docs/outbox.md).
-
-    `conn`: the connection ``rt.transaction()`` lends, or one of your own, as for
-    `kind.enqueue_tx`: a psycopg `Connection` or `AsyncConnection` to the runtime's database,
-    or a `sqlite3.Connection` to the backend's file (memory has only ``rt.transaction()``; or
-    use ``rt.publish(topic, payload)`` outside a transaction). `payload`: a JSON value held to
-    the rules of job args (`ArgsError`). Raises ConfigError for a bad topic or a connection the
-    backend cannot use, RuntimeClosed outside a runtime or once shutdown began."""
-    client = get_enqueuer("nj.publish()")
-    if not isinstance(client, Client):
-        raise ConfigError(f"nj.publish() needs the runtime's client in this context, not {client!r}")
-    await client.publish_tx(conn, topic, payload)

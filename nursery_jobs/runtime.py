@@ -53,7 +53,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence, T
 import attrs
 import trio
 
-from ._context import culprit_of, current_enqueuer, current_resources
+from ._context import culprit_of, current_enqueuer, current_resources, get_enqueuer
 from .app import App
 from .backends import (
     Backend,
@@ -85,7 +85,7 @@ from .services.relay import Relay, Router
 from .services.rescuer import Rescuer
 from .services.retention import Retention
 
-__all__ = ["QueueStats", "Runtime", "open_runtime", "run"]
+__all__ = ["QueueStats", "Runtime", "open_runtime", "publish", "run"]
 
 log = logging.getLogger("nursery_jobs")
 
@@ -283,6 +283,23 @@ class Runtime(Client):
                 )
             self.services.stop()
             self.backend_service.stop()
+
+
+async def publish(conn: Any, topic: str, payload: Any) -> None:
+    """Publish an event on `topic` inside the transaction open on `conn`, with the runtime of
+    the current context: the event -- and so the job of every kind subscribed to `topic` --
+    exists if and only if that transaction commits (docs/outbox.md).
+
+    `conn`: the connection ``rt.transaction()`` lends, or one of your own, as for
+    `kind.enqueue_tx`: a psycopg `Connection` or `AsyncConnection` to the runtime's database,
+    or a `sqlite3.Connection` to the backend's file (memory has only ``rt.transaction()``; or
+    use ``rt.publish(topic, payload)`` outside a transaction). `payload`: a JSON value held to
+    the rules of job args (`ArgsError`). Raises ConfigError for a bad topic or a connection the
+    backend cannot use, RuntimeClosed outside a runtime or once shutdown began."""
+    client = get_enqueuer("nj.publish()")
+    if not isinstance(client, Client):
+        raise ConfigError(f"nj.publish() needs the runtime's client in this context, not {client!r}")
+    await client.publish_tx(conn, topic, payload)
 
 
 def _queue_poll(app: App, queue: str) -> float | None:

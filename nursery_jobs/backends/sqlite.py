@@ -304,6 +304,7 @@ class SqliteBackend:
                     tuple(e.queue for e in events if type(e) is JobsAvailable),
                     tuple(e.job_id for e in events if type(e) is JobFinalized),
                     tuple(e.job_id for e in events if type(e) is CancelRequested),
+                    any(type(e) is OutboxPublished for e in events),
                 )
             )
 
@@ -399,6 +400,8 @@ class SqliteBackend:
         events: list[BackendEvent] = [JobsAvailable(q) for q in wake.queues]
         events += [JobFinalized(i, None) for i in wake.finalized]
         events += [CancelRequested(i, False) for i in wake.cancel]
+        if wake.outbox:
+            events.append(OutboxPublished())
         self._deliver(events)
 
     # -- connection --

@@ -174,3 +174,26 @@ async def test_a_pass_claims_only_its_topics_and_its_limit(ob_backend, autojump_
         assert sorted((e.topic, e.payload_json) for e in seen) == [("a", "1"), ("c", "3")]
         assert await backend.relay([], spy, 10) == 0 and await backend.relay(["b"], spy, 0) == 0
         assert await relayed_ns(backend) == []
+
+
+@pytest.mark.parametrize("role", ["works queues", "works none"])
+async def test_serve_carries_a_publish_to_another_instance_on_the_same_store(store: Store, autojump_clock, role) -> None:
+    """Another process's relay hears of a publish at once (PostgreSQL's NOTIFY, SQLite's wake-up
+    socket), as a hint to pass -- also in a process that works no queue, whose relay runs too."""
+    writer, reader = store.open(), store.open()
+    reader.check_budget(10 if role == "works queues" else 0)
+    await writer.open()
+    await reader.open()
+    try:
+        assert isinstance(writer, Outbox)
+        heard = trio.Event()
+        reader.add_listener(lambda e: heard.set() if isinstance(e, OutboxPublished) else None)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(reader.serve)
+            await writer.publish([(TOPIC, "1")])
+            with trio.fail_after(30):
+                await heard.wait()
+            nursery.cancel_scope.cancel()
+    finally:
+        await writer.close()
+        await reader.close()
