@@ -19,9 +19,12 @@ Many processes on many hosts share one database. The design, call by call:
   statement; a batch is one `INSERT ... SELECT FROM unnest(...)`, or from `_COPY_AT` jobs on,
   `COPY` in one transaction (ids reserved from the sequence first, so they keep the order).
   Jobs with a unique key go one by one (`ON CONFLICT ... DO NOTHING`, then a lookup).
-- **Outcomes**: one `UPDATE ... FROM unnest(...)` per completer batch. Every row is updated only
-  if it is still `running` under the attempt the worker claimed (the fencing token), so a late
-  worker can never overwrite a job that was rescued or finished elsewhere.
+- **Outcomes**: one `UPDATE ... WHERE id = ANY(<ids>)` per completer batch, each row's outcome
+  read from a jsonb object keyed by "id:attempt" (no list joined against the table, so no plan
+  can walk the table for it, whatever the statistics say). Every row is updated only if it is
+  still `running` under the attempt the worker claimed (the fencing token), so a late worker
+  can never overwrite a job that was rescued or finished elsewhere. Heartbeats take the same
+  shape.
 - **Wake-ups**: inserts and retries `pg_notify` the queue's name on `<schema>_jobs`; finalized
   jobs and cancel requests go on `<schema>_events`. One LISTEN connection per process
   (`infra.pg.listen`) fans them out. Fetchers also poll (1 s; 0.1 s for awaited queues), so a
@@ -116,8 +119,10 @@ Each statement is prepared at its first use (`prepare_threshold=0`) and always r
 generic plan, so the server never plans a claim again per call: with the default (`auto`), a
 claim on an analyzed table was re-planned every time, 0.88 ms of planning for 0.25 ms of work.
 That is safe because each hot statement is shaped so that its one plan is right whatever the
-statistics say (migration 0004; tests/backends/postgres/test_plans.py): the outcome and heartbeat
-statements can reach their rows only by primary key, the claim only through its partial indexes.
+statistics say, even a plan made while the table was empty (migration 0004;
+tests/backends/postgres/test_plans.py): the outcome, heartbeat, cancel and rescue statements
+update their rows by primary key from ids they carry or have just locked, and join no list
+against the table; the claim reaches its rows only through its partial indexes.
 Sequential scans are off: a plan made while the table was small (a fresh deploy) would read it
 whole, and keep doing so once a backlog has made it large, until autovacuum next analyzes it;
 every statement here has an index made for it, and `stats`, the one that counts every row,
@@ -741,23 +746,9 @@ class PostgresBackend:
         if not outcomes:
             return
         now = self.now()
-        errors = [o.error for o in outcomes]
         params = {
-            # Numbers and kinds go as array literals built here: psycopg's list dumper costs
-            # ~5 us per outcome in Python (measured), the join a tenth of it.
             "ids": _int_array([o.job_id for o in outcomes]),
-            "attempts": _int_array([o.attempt for o in outcomes]),
-            "kinds": "{" + ",".join([o.kind.value for o in outcomes]) + "}",
-            "run_ats": _float_array([now if o.run_at is None else max(o.run_at, now) for o in outcomes]),
-            # No error at all (the common case): NULL, which unnest pads with NULLs.
-            "errors": None
-            if all(e is None for e in errors)
-            else [
-                None
-                if e is None
-                else json.dumps({"attempt": e.attempt, "at": e.at, "message": e.message, "traceback": e.traceback})
-                for e in errors
-            ],
+            "outcomes": _outcomes_json(outcomes, now),
             "now": now,
             "jobs_channel": self._jobs_channel,
             "events_channel": self._events_channel,
@@ -811,7 +802,7 @@ class PostgresBackend:
             return HeartbeatResult([], [])
         now = self.now()
         q = self._q["heartbeat"]
-        params = (now, _int_array([r[0] for r in running]), _int_array([r[1] for r in running]))
+        params = (now, _int_array([r[0] for r in running]), _attempt_keys(running))
         # Retried like any call safe to repeat (it only renews rows this worker still owns): the
         # runtime cuts each heartbeat call at its own deadline (rescue_after / 2 after the last
         # good one), so retries cannot eat the margin before another process may rescue. A
@@ -1269,9 +1260,28 @@ def _int_array(values: Sequence[int]) -> str:
     return "{" + ",".join(map(int.__repr__, values)) + "}"
 
 
-def _float_array(values: Sequence[float]) -> str:
-    """A PostgreSQL array literal of floats; ``repr`` round-trips a float exactly."""
-    return "{" + ",".join(map(repr, values)) + "}"
+def _attempt_keys(running: Sequence[tuple[int, int]]) -> str:
+    """A jsonb object with the key "id:attempt" of each (job id, attempt): what the heartbeat
+    statement fences its rows by."""
+    return "{" + ",".join([f'"{int(job_id)}:{int(attempt)}":0' for job_id, attempt in running]) + "}"
+
+
+def _outcomes_json(outcomes: Sequence[Outcome], now: float) -> str:
+    """The outcome statement's jsonb object: per "id:attempt" key, ``[kind, run_at]`` and the
+    error entry to append when there is one. Built as text here: 1.2 us per outcome, where
+    ``json.dumps`` of a dict of them takes 1.7 (measured). Kinds are the enum's plain values,
+    and run_at travels as the text of its ``repr`` (exact, and ``inf`` is no JSON number)."""
+    parts = []
+    for o in outcomes:
+        run_at = repr(now if o.run_at is None else max(o.run_at, now))
+        key = f'"{int(o.job_id)}:{int(o.attempt)}":["{o.kind.value}","{run_at}"'
+        e = o.error
+        if e is None:
+            parts.append(key + "]")
+        else:
+            entry = json.dumps({"attempt": e.attempt, "at": e.at, "message": e.message, "traceback": e.traceback})
+            parts.append(f"{key},{entry}]")
+    return "{" + ",".join(parts) + "}"
 
 
 def _seconds(what: str, value: Any) -> float:
@@ -1415,27 +1425,40 @@ _QUERIES: dict[str, sql.SQL] = {
         "  (SELECT min(run_at) FROM {s}.jobs WHERE queue = %(queue)s"
         "   AND state IN ('scheduled', 'retryable') AND run_at > %(now)s)"
     ),
-    # Driven by the primary key from the outcome list: the only index whose predicate the
-    # WHERE implies is jobs_pkey (migration 0004), so no plan can loop the outcomes against the
-    # running rows. The new values come from the job rules (`transitions.sql_case`): the same
-    # table the other backends apply row by row.
+    # Rows by primary key, outcomes by key, and no join. The rows are found by `id = ANY(ids)`,
+    # a lookup in the primary key, and each row's outcome is read from a jsonb object keyed by
+    # "id:attempt" (`_outcomes_json`; a binary search per row, and OFFSET 0 keeps the sub-select
+    # from being inlined into each of the rules' references to the outcome, which would repeat
+    # the lookup). The key carries the attempt, so it is the fencing token too: a row is
+    # updated only if it is still `running` under the attempt the worker claimed, and two
+    # outcomes of one job under different attempts stay apart. Why not a join: as
+    # `FROM unnest(...) o WHERE j.id = o.id`, a generic plan made while the table was small or
+    # had no row running (autovacuum analyzed it then) walked the whole primary key for
+    # `running` rows and looped the outcome list against each, 7-13 s for 4,000 outcomes with
+    # 8,000 rows running, until the next analyze; adding `j.id = ANY(ids)` to that join let the
+    # plan loop the list against itself; finding the rows by a lateral probe and updating them
+    # by ctid skipped a row updated meanwhile (an outcome lost); and a plan per call costs its
+    # planning on every call. Against the join on fresh statistics this costs the same at one
+    # outcome and 17 % more at 4,000 (30 against 26 ms). The new values come from the job rules
+    # (`transitions.sql_case`): the same table the other backends apply row by row.
     "finish": sql.SQL(
         "WITH upd AS ("
-        "WITH o AS (SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(kinds)s::text[],"
-        "  %(run_ats)s::float8[], %(errors)s::jsonb[]) AS t(id, attempt, kind, run_at, error))"
-        " UPDATE {s}.jobs j SET"
-        "  state = " + sql_case("state") + ","
-        "  attempt = j.attempt - " + sql_case("give_back") + ","
-        "  run_at = " + sql_case("run_at") + ","
-        "  finalized_at = CASE WHEN " + sql_case("final") + " THEN %(now)s END,"
-        "  errors = CASE WHEN o.error IS NULL THEN j.errors"
+        " UPDATE {s}.jobs j SET (state, attempt, run_at, finalized_at, errors, failed_attempts, interrupted) ="
+        " (SELECT " + sql_case("state") + ","
+        "  j.attempt - " + sql_case("give_back") + ","
+        "  " + sql_case("run_at") + ","
+        "  CASE WHEN " + sql_case("final") + " THEN %(now)s END,"
+        "  CASE WHEN o.error IS NULL THEN j.errors"
         "   ELSE jsonb_path_query_array(coalesce(j.errors, '[]'::jsonb) || jsonb_build_array(o.error), "
         + _KEEP_ERRORS
         + ") END,"
-        "  failed_attempts = j.failed_attempts + " + sql_case("failed") + ","
-        "  interrupted = j.interrupted + " + sql_case("interrupted") + ","
+        "  j.failed_attempts + " + sql_case("failed") + ","
+        "  j.interrupted + " + sql_case("interrupted") + ""
+        "  FROM (SELECT v ->> 0 AS kind, (v ->> 1)::float8 AS run_at, v -> 2 AS error"
+        "   FROM (SELECT %(outcomes)s::jsonb -> (j.id::text || ':' || j.attempt::text) AS v OFFSET 0) r) o),"
         "  heartbeat_at = NULL"
-        " FROM o WHERE j.id = o.id AND j.state = 'running' AND j.attempt = o.attempt"
+        " WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running'"
+        "  AND %(outcomes)s::jsonb ? (j.id::text || ':' || j.attempt::text)"
         " RETURNING j.id, j.queue, j.state, j.run_at, j.errors -> -1 ->> 'message' AS message),"
         # Other processes learn of the batch in the same statement (and so at its commit): one
         # NOTIFY per queue with jobs available again, and the finalized ids in payloads of at
@@ -1453,12 +1476,14 @@ _QUERIES: dict[str, sql.SQL] = {
     "cancel": sql.SQL(
         # on_cancel (transitions): a final job is left alone, a running one gets its request
         # (once: a second cancel changes nothing and tells nobody), a pending one ends now.
+        # The update names its row by id, not only through `cur`: joined to `cur` alone, a plan
+        # made on an empty analyzed table walked the whole primary key for it.
         "WITH cur AS (SELECT id, state, cancel_requested FROM {s}.jobs WHERE id = %(id)s FOR UPDATE),"
         " upd AS (UPDATE {s}.jobs j SET"
         "  state = CASE WHEN cur.state = 'running' THEN 'running' ELSE 'cancelled' END,"
         "  cancel_requested = CASE WHEN cur.state = 'running' THEN true ELSE j.cancel_requested END,"
         "  finalized_at = CASE WHEN cur.state = 'running' THEN NULL ELSE %(now)s END"
-        "  FROM cur WHERE j.id = cur.id AND cur.state NOT IN ('completed', 'discarded', 'cancelled')"
+        "  FROM cur WHERE j.id = %(id)s AND j.id = cur.id AND cur.state NOT IN ('completed', 'discarded', 'cancelled')"
         "   AND NOT (cur.state = 'running' AND cur.cancel_requested)"
         "  RETURNING j.id, j.state, j.errors -> -1 ->> 'message' AS message),"
         # the wake-up rides in the same statement: one round trip, so a cancel either happened
@@ -1468,17 +1493,26 @@ _QUERIES: dict[str, sql.SQL] = {
         " SELECT cur.state, coalesce(upd.state, cur.state), upd.message, (SELECT count(*) FROM n), upd.id IS NOT NULL"
         " FROM cur LEFT JOIN upd ON upd.id = cur.id"
     ),
+    # The outcome statement's shape (see there): rows by primary key, the attempt fenced by
+    # "id:attempt" keys of a jsonb object (`_attempt_keys`), and no list joined against the
+    # table (as a join with `unnest(...)`: 4.5-11 s for 4,000 heartbeats on a plan made on a
+    # small table).
     "heartbeat": sql.SQL(
         "UPDATE {s}.jobs j SET heartbeat_at = %s"
-        " FROM unnest(%s::bigint[], %s::int[]) AS r(id, attempt)"
-        " WHERE j.id = r.id AND j.state = 'running' AND j.attempt = r.attempt"
+        " WHERE j.id = ANY(%s::bigint[]) AND j.state = 'running' AND %s::jsonb ? (j.id::text || ':' || j.attempt::text)"
         " RETURNING j.id, j.attempt, j.cancel_requested"
     ),
+    # The stale rows through the running rows' indexes (jobs_running, jobs_running_unbeaten),
+    # then updated by `id = ANY(ARRAY(...))`, a lookup in the primary key, not by a join: as
+    # `FROM stale WHERE j.id = stale.id`, with an `ORDER BY id` on the stale rows, a plan made
+    # on an empty analyzed table walked the whole primary key for both, every minute, however
+    # few rows were stale (0.07-0.16 s at 200,000 rows). SKIP LOCKED takes no lock it waits for, so
+    # the order they are locked in does not matter.
     "rescue": sql.SQL(
         # A running row with no heartbeat (written by hand) is stale too, or it would run never.
         "WITH stale AS (SELECT id FROM {s}.jobs WHERE state = 'running'"
         "  AND (heartbeat_at < %(before)s OR heartbeat_at IS NULL)"
-        "  ORDER BY id FOR UPDATE SKIP LOCKED)"
+        "  FOR UPDATE SKIP LOCKED)"
         " UPDATE {s}.jobs j SET"
         "  state = CASE WHEN j.cancel_requested THEN 'cancelled'"
         "   WHEN j.attempt >= j.max_attempts THEN 'discarded' ELSE 'available' END,"
@@ -1491,7 +1525,7 @@ _QUERIES: dict[str, sql.SQL] = {
         + _KEEP_ERRORS
         + "),"
         "  failed_attempts = j.failed_attempts + 1, heartbeat_at = NULL"
-        " FROM stale WHERE j.id = stale.id"
+        " WHERE j.id = ANY(ARRAY(SELECT id FROM stale))"
         " RETURNING j.id, j.queue, j.state, j.errors -> -1 ->> 'message'"
     ),
     # Per state, the oldest final rows through jobs_finalized (state, finalized_at), then deleted

@@ -222,3 +222,24 @@ async def test_the_outcome_of_a_rescued_attempt_cannot_touch_the_next_one(make_b
     assert (again.id, again.attempt) == (job_id, first + 1)
     assert after == before and after.state is nj.JobState.RUNNING and events == []
     assert beat.lost == [(job_id, first)]
+
+
+@pytest.mark.parametrize("late_first", [True, False], ids=["late-first", "late-last"])
+async def test_one_batch_with_two_attempts_of_a_job_applies_the_running_attempts_outcome(
+    make_backend, autojump_clock, late_first: bool
+) -> None:
+    """A completer batch can hold the late outcome of a rescued attempt beside the outcome of
+    the attempt now running, for the same job: only the running attempt's applies, in either
+    order (a backend that looked outcomes up by job id alone would keep one of the two)."""
+    async with opened(make_backend) as backend:
+        job_id, first = await _running(backend)
+        await trio.sleep(10)
+        assert await backend.rescue(stale_before=backend.now() - 1) == [job_id]
+        (again,) = (await backend.claim(Q, 1)).jobs
+        now = backend.now()
+        late = Outcome(job_id, first, OutcomeKind.RETRY, now + 5, nj.JobError(first, now, "late"))
+        current = Outcome(job_id, again.attempt, OutcomeKind.COMPLETED)
+        await backend.finish_many([late, current] if late_first else [current, late])
+        job = await backend.get_job(job_id)
+    assert (job.state, job.attempt) == (nj.JobState.COMPLETED, first + 1)
+    assert len(job.errors) == 1 and "late" not in job.errors[0].message  # the rescue's entry only

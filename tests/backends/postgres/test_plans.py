@@ -6,9 +6,13 @@ the backend sends it and explained on its generic plan, on an analyzed table of 
 rows in production's shape (99 % completed, 1 % available) with thousands of rows `running`
 that the statistics do not know about (they were analyzed before the rows started), and again
 once the statistics do know. Every plan must reach its rows through the index meant for it and
-never scan the table or loop one list against another. (The failure this guards: the outcome
-statement looped 4,000 outcomes against 8,000 running rows through the rescuer's index, 11 s,
-where the primary key takes 20 ms.)
+never scan the table, read an index whole, merge-join, or loop one list against another. (The
+failure this guards: the outcome statement looped 4,000 outcomes against 8,000 running rows
+through the rescuer's index, 11 s, where the primary key takes 20 ms.)
+
+A connection keeps its plans, so the same holds for plans made while the table held 0 or 200
+rows and was analyzed in that state, then run once it has grown: the statements that update
+rows they name take them by primary key (`id = ANY(...)`) and join no list against the table.
 
 And the runtime really runs them that way: after a few calls, every statement of the backend's
 pool connection shows generic plans only, so no claim is planned again per call.
@@ -26,7 +30,7 @@ import trio
 from psycopg import sql
 
 from nursery_jobs.backends import NewJob, Outcome, OutcomeKind
-from nursery_jobs.backends.postgres import _QUERIES, POOL_SESSION, PostgresBackend
+from nursery_jobs.backends.postgres import _QUERIES, POOL_SESSION, PostgresBackend, _attempt_keys, _int_array, _outcomes_json
 from tests import pgutil
 
 SIZES = [1_000, 100_000, 1_000_000]
@@ -69,8 +73,8 @@ def explain_generic(conn: psycopg.Connection[Any], name: str, schema: str, param
     with conn.transaction(force_rollback=True):  # the statement's effects are undone
         for setting, value in POOL_SESSION.items():
             conn.execute(f"SET LOCAL {setting} = {value}")
-        # Typed as psycopg sends them (str as text, and the query's own casts take over).
-        types = ", ".join({float: "float8", int: "bigint"}.get(type(a), "text") for a in args)
+        # Typed as psycopg sends them (str as unknown: the query's own casts type it).
+        types = ", ".join({float: "float8", int: "bigint"}.get(type(a), "unknown") for a in args)
         conn.execute(f"PREPARE plan_probe ({types}) AS {text}")
         literals = sql.SQL(", ").join(sql.Literal(a) for a in args)
         (plan,) = conn.execute(
@@ -135,20 +139,16 @@ def table(pg_url: str) -> Iterator[Table]:
 
 def _statements(schema: str, running: list[int]) -> dict[str, list[Any]]:
     ids = running[:OUTCOMES]
-    n = len(ids)
     return {
         "claim": {"now": 1e12, "queue": "q", "limit": 100},
         "finish": {
-            "ids": "{" + ",".join(map(str, ids)) + "}",
-            "attempts": "{" + ",".join(["1"] * n) + "}",
-            "kinds": "{" + ",".join(["completed"] * n) + "}",
-            "run_ats": "{" + ",".join(["0"] * n) + "}",
-            "errors": None,
+            "ids": _int_array(ids),
+            "outcomes": _outcomes_json([Outcome(i, 1, OutcomeKind.COMPLETED) for i in ids], 1e12),
             "now": 1e12,
             "jobs_channel": f"{schema}_jobs",
             "events_channel": f"{schema}_events",
         },
-        "heartbeat": [1e12, "{" + ",".join(map(str, ids)) + "}", "{" + ",".join(["1"] * n) + "}"],
+        "heartbeat": [1e12, _int_array(ids), _attempt_keys([(i, 1) for i in ids])],
         "rescue": {"before": 0.5, "now": 1e12},  # nothing stale: the scan must still not touch the table
         "cancel": {"id": running[0], "now": 1e12, "channel": f"{schema}_events"},
         "delete_finished": {"states": "{completed,cancelled,discarded}", "befores": "{50.0,50.0,50.0}", "limit": 1000},
@@ -164,20 +164,32 @@ ALLOWED = {
     "cancel": {"jobs_pkey"},
     "delete_finished": {"jobs_finalized", "jobs_pkey"},
 }
+UNCONDITIONED = {"jobs_running_unbeaten"}
+"""The one index a statement may read whole: running rows without a heartbeat, normally none."""
 REQUIRED = {"finish": {"jobs_pkey"}, "heartbeat": {"jobs_pkey"}, "claim": {"jobs_available"}, "delete_finished": {"jobs_finalized"}}
 
 
-def _check(name: str, plan: dict[str, Any], size: int) -> None:
+def _check(name: str, plan: dict[str, Any], size: int, *, small_plan: bool = False) -> None:
+    """Assert that `plan` of statement `name` on a table of `size` rows reaches its rows only
+    through the indexes made for it. `small_plan`: the plan was made on a small table, so even
+    a small `size` must not be read whole."""
     nodes = list(_walk(plan["Plan"]))
     on_jobs = [n for n in nodes if n.get("Relation Name") == "jobs"]
     used = {n["Index Name"] for n in nodes if "Index Name" in n}  # bitmap index scans name no relation
     scans = [n["Node Type"] for n in on_jobs]
     where = f"{name} at {size:,} rows: {scans} via {sorted(used)}"
     assert used <= ALLOWED[name], where
-    if size >= 100_000:  # a table of a few pages is read whole, rightly
+    if size >= 100_000 or small_plan:  # a table of a few pages is read whole, rightly
         assert "Seq Scan" not in scans, where
         assert REQUIRED.get(name, set()) <= used, where
     assert not any(n.get("Rows Removed by Join Filter", 0) for n in nodes), f"{where}: a join loops a list"
+    assert not any(n["Node Type"] == "Merge Join" for n in nodes), f"{where}: a merge join walks an index whole"
+    for n in nodes:
+        if "Index Name" in n and n["Index Name"] not in UNCONDITIONED:
+            assert "Index Cond" in n, f"{where}: {n['Index Name']} read whole"
+        if n.get("Relation Name") == "jobs" and n.get("Actual Loops", 1) > 1:
+            # A scan repeated per row of another list may only be a probe by that row's key.
+            assert "Index Cond" in n, f"{where}: {n['Node Type']} of jobs looped {n['Actual Loops']} times"
     # Each outcome or heartbeat costs a few buffers (its index probe, its row, the new row
     # version's index entries: ~15 measured), never a walk over other rows.
     if name in ("finish", "heartbeat"):
@@ -229,57 +241,118 @@ async def test_the_runtime_runs_its_statements_on_generic_plans(pg_url: str) -> 
     _ = trio  # the module runs under pytest-trio
 
 
+class CachedPlans:
+    """Statements prepared on one connection and planned (generic plans, `POOL_SESSION`) while
+    the table held `small_rows` rows and was analyzed in that state; autovacuum is off on the
+    table, so no analyze can replan them behind the test's back."""
+
+    def __init__(self, url: str, small_rows: int, names: list[str]) -> None:
+        self.table = Table(url)
+        self.conn = self.table.conn
+        schema = self.table.schema
+        self.conn.execute(sql.SQL("ALTER TABLE {}.jobs SET (autovacuum_enabled = false)").format(sql.Identifier(schema)))
+        self.table.grow(small_rows)
+        self.table.analyze()
+        for setting, value in POOL_SESSION.items():
+            self.conn.execute(f"SET {setting} = {value}")
+        self.names = {name: _to_dollars(_render(name, schema))[1] for name in names}
+        for name in names:
+            text, _ = _to_dollars(_render(name, schema))
+            args = self._args(name, _statements(schema, [1])[name])
+            types = ", ".join({float: "float8", int: "bigint"}.get(type(a), "unknown") for a in args)
+            self.conn.execute(f"PREPARE cached_{name} ({types}) AS {text}")
+            with self.conn.transaction(force_rollback=True):  # the generic plan is made here, on the small table
+                self.execute(name, _statements(schema, [1])[name])
+
+    def _args(self, name: str, params: Any) -> list[Any]:
+        return [params[n] for n in self.names[name]] if isinstance(params, dict) else list(params)
+
+    def _call(self, name: str, params: Any) -> sql.Composed:
+        literals = sql.SQL(", ").join(sql.Literal(a) for a in self._args(name, params))
+        return sql.SQL("EXECUTE {}({})").format(sql.Identifier(f"cached_{name}"), literals)
+
+    def execute(self, name: str, params: Any) -> list[tuple[Any, ...]]:
+        """Run the cached statement for real."""
+        return self.conn.execute(self._call(name, params)).fetchall()
+
+    def explain(self, name: str, params: Any) -> dict[str, Any]:
+        """EXPLAIN ANALYZE of the cached statement (rolled back)."""
+        with self.conn.transaction(force_rollback=True):
+            (plan,) = self.conn.execute(
+                sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}").format(self._call(name, params))
+            ).fetchone()  # type: ignore[misc]
+        doc = plan if isinstance(plan, list) else json.loads(plan)
+        return doc[0]  # type: ignore[no-any-return]
+
+
 # The claim holds on a 0- and a 200-row table (on 200 rows it read its available rows through
-# `jobs_due` and sorted them until migration 0005 dropped that index). Still open: planned on a
-# small analyzed table, the outcome and heartbeat statements join their id list against a full
-# primary-key scan (the outcome statement: 18 s for 4,000 outcomes with 8,000 rows running);
-# they join this test when their statements are reshaped.
-@pytest.mark.parametrize("name", ["claim"])
+# `jobs_due` and sorted them until migration 0005 dropped that index).
 @pytest.mark.parametrize("small_rows", [0, 200])
-def test_a_plan_made_when_the_table_was_small_still_holds_when_it_grows(pg_url: str, small_rows: int, name: str) -> None:
+def test_a_plan_made_when_the_table_was_small_still_holds_when_it_grows(pg_url: str, small_rows: int) -> None:
     """A pooled connection keeps its prepared plans: one made on a nearly empty or empty table
     (a fresh deploy; a queue drained and then analyzed by autovacuum) is still in use when a
     backlog of 200,000 jobs arrives, until autovacuum's next analyze. It must not have read the
     small table whole, nor joined a list against it. (The failure this guards: the claim, planned
     on an analyzed empty table, joined the picked ids against a full scan of the primary key,
     ~0.3 s per claim of 100 once 10,000 jobs were waiting.)"""
-    small = Table(pg_url)
+    cached = CachedPlans(pg_url, small_rows, ["claim"])
     try:
-        small.grow(small_rows)
-        small.analyze()
-        conn = small.conn
-        for setting, value in POOL_SESSION.items():
-            conn.execute(f"SET {setting} = {value}")
-        texts = {name: _to_dollars(_render(name, small.schema))}
-
-        def literals(name: str, running: list[int]) -> sql.Composable:
-            params = _statements(small.schema, running)[name]
-            names = texts[name][1]
-            args = [params[n] for n in names] if isinstance(params, dict) else list(params)
-            return sql.SQL(", ").join(sql.Literal(a) for a in args)
-
-        for name, (text, names) in texts.items():  # noqa: B020 (one statement)
-            args = _statements(small.schema, [1])[name]
-            types = ", ".join(
-                {float: "float8", int: "bigint"}.get(type(a), "text")
-                for a in ([args[n] for n in names] if isinstance(args, dict) else args)
-            )
-            conn.execute(f"PREPARE cached_{name} ({types}) AS {text}")
-            with conn.transaction(force_rollback=True):  # the generic plan is made here, on the small table
-                conn.execute(sql.SQL("EXECUTE {}({})").format(sql.Identifier(f"cached_{name}"), literals(name, [1])))
-        small.grow(200_000)  # no analyze: the statistics still describe the small table
-        running = small.start_running(RUNNING)
-        for name in texts:  # noqa: B020
-            with conn.transaction(force_rollback=True):
-                (plan,) = conn.execute(
-                    sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {}({})").format(
-                        sql.Identifier(f"cached_{name}"), literals(name, running)
-                    )
-                ).fetchone()  # type: ignore[misc]
-            doc = plan if isinstance(plan, list) else json.loads(plan)
-            _check(name, doc[0], 200_000)
+        cached.table.grow(200_000)  # no analyze: the statistics still describe the small table
+        running = cached.table.start_running(RUNNING)
+        _check("claim", cached.explain("claim", _statements(cached.table.schema, running)["claim"]), 200_000)
     finally:
-        small.conn.close()
+        cached.conn.close()
+
+
+@pytest.mark.parametrize("small_rows", [0, 200])
+def test_outcomes_heartbeats_rescues_cancels_and_retention_hold_a_plan_made_on_a_small_table(
+    pg_url: str, small_rows: int
+) -> None:
+    """The same trap for every other hot statement: planned while the table held 0 or 200 rows,
+    then run with 8,000 rows `running`, 4,000 outcomes and the heartbeat of the other 4,000.
+    Each must reach its rows by the index made for it, whatever the plan was made on. (The
+    failures this guards, each until the table's next analyze: the outcome and heartbeat
+    statements walked the whole primary key for `running` rows and looped their id list
+    against each, 7-18 s for 4,000 outcomes; the rescuer walked the whole primary key twice
+    and a cancel once, 0.1-0.2 s a call at 200,000 rows, growing with the table.) And the
+    statements still do what they did: each outcome lands under its attempt only, each
+    heartbeat renews only the attempt it names."""
+    names = ["finish", "heartbeat", "rescue", "cancel", "delete_finished"]
+    cached = CachedPlans(pg_url, small_rows, names)
+    table, conn = cached.table, cached.conn
+    jobs = sql.SQL("{}.jobs").format(sql.Identifier(table.schema))
+    try:
+        table.grow(small_rows + 12_000)  # no analyze: the statistics still describe the small table
+        running = table.start_running(RUNNING)
+        params = _statements(table.schema, running)
+        beats = running[OUTCOMES:]
+        params["heartbeat"] = [1e12, _int_array(beats), _attempt_keys([(i, 1) for i in beats])]
+        params["rescue"] = {"before": 2.0, "now": 1e12}  # every running row is stale
+        for name in names:
+            _check(name, cached.explain(name, params[name]), table.size, small_plan=True)
+
+        # For real: outcomes for the first half (one under a stale attempt), heartbeats for the
+        # second (one under a stale attempt), then the rescuer takes what was not renewed.
+        stale_outcome, stale_beat = running[0], running[-1]
+        outcomes = [Outcome(i, 2 if i == stale_outcome else 1, OutcomeKind.COMPLETED) for i in running[:OUTCOMES]]
+        done = cached.execute("finish", dict(params["finish"], outcomes=_outcomes_json(outcomes, 1e12)))
+        assert sorted(r[0] for r in done) == running[1:OUTCOMES]
+        assert {r[2] for r in done} == {"completed"}
+        pairs = [(i, 2 if i == stale_beat else 1) for i in beats]
+        renewed = cached.execute("heartbeat", [1e12, _int_array(beats), _attempt_keys(pairs)])
+        assert sorted(r[0] for r in renewed) == beats[:-1]
+        rescued = cached.execute("rescue", params["rescue"])
+        assert sorted(r[0] for r in rescued) == [stale_outcome, stale_beat]
+        states = dict(
+            conn.execute(
+                sql.SQL("SELECT state, count(*) FROM {} WHERE id = ANY(%s) GROUP BY state").format(jobs), (running,)
+            ).fetchall()
+        )
+        assert states == {"completed": OUTCOMES - 1, "running": RUNNING - OUTCOMES - 1, "available": 2}
+        (cancel,) = cached.execute("cancel", dict(params["cancel"], id=beats[0]))
+        assert cancel[:2] == ("running", "running") and cancel[4]
+    finally:
+        conn.close()
 
 
 def test_the_claim_reads_its_own_index_on_a_table_never_analyzed(pg_url: str) -> None:
