@@ -140,12 +140,19 @@ async def test_two_thousand_events_go_in_passes_of_at_most_the_limit(ob_backend,
         assert await relayed_ns(backend) == list(range(2000))
 
 
-async def test_two_relays_on_one_store_never_relay_an_event_twice(store: Store, test_backend: TestBackend) -> None:
+def opened_pair(store: Store, test_backend: TestBackend) -> tuple[Outbox, Outbox]:
+    """Two instances on one store (two processes), skipping a backend without an outbox."""
     first, second = store.open(), store.open()
+    if not isinstance(first, Outbox) or not isinstance(second, Outbox):
+        pytest.skip(f"the {test_backend.name} backend has no outbox")
+    return first, second
+
+
+async def test_two_relays_on_one_store_never_relay_an_event_twice(store: Store, test_backend: TestBackend) -> None:
+    first, second = opened_pair(store, test_backend)
     await first.open()
     await second.open()
     try:
-        assert isinstance(first, Outbox) and isinstance(second, Outbox)
         await first.publish([(TOPIC, str(n)) for n in range(300)])
 
         async def drain(backend) -> None:
@@ -177,15 +184,16 @@ async def test_a_pass_claims_only_its_topics_and_its_limit(ob_backend, autojump_
 
 
 @pytest.mark.parametrize("role", ["works queues", "works none"])
-async def test_serve_carries_a_publish_to_another_instance_on_the_same_store(store: Store, autojump_clock, role) -> None:
+async def test_serve_carries_a_publish_to_another_instance_on_the_same_store(
+    store: Store, test_backend: TestBackend, autojump_clock, role
+) -> None:
     """Another process's relay hears of a publish at once (PostgreSQL's NOTIFY, SQLite's wake-up
     socket), as a hint to pass -- also in a process that works no queue, whose relay runs too."""
-    writer, reader = store.open(), store.open()
+    writer, reader = opened_pair(store, test_backend)
     reader.check_budget(10 if role == "works queues" else 0)
     await writer.open()
     await reader.open()
     try:
-        assert isinstance(writer, Outbox)
         heard = trio.Event()
         reader.add_listener(lambda e: heard.set() if isinstance(e, OutboxPublished) else None)
         async with trio.open_nursery() as nursery:
