@@ -10,6 +10,12 @@ effects aside), and is the figure to watch when changing the per-job path. The r
 default settings and with the blocked-loop watchdog off (`blocked_loop_warning=None`), so the
 watchdog's own per-job price is printed too.
 
+`--args` counts the price of checking a job's arguments against its handler's annotations
+instead: the same handler, ``index(ctx, doc_id, title, tags)``, enqueued with the same args,
+once unannotated (nothing to check) and once annotated ``doc_id: int, title: str, tags:
+list[str]`` (checked at enqueue with msgspec). Both runtimes run with default settings; the
+difference is the checking's per-job cost, and each is also shown against the baseline.
+
 Usage:
 
     .venv/bin/python benchmarks/memory_instructions.py [--jobs 1000]
@@ -53,6 +59,29 @@ def _runtime(n: int, workers: int, watch: bool = True) -> None:
     assert trio  # the baseline side is plain Trio (baselines/plain_trio.py)
 
 
+def _runtime_args(n: int, workers: int, typed: bool) -> None:
+    app = nj.App()
+    app.queue("bench", max_workers=workers, timeout=30)
+
+    if typed:
+
+        @app.job(queue="bench")
+        async def index(ctx: nj.JobContext, doc_id: int, title: str, tags: list[str]) -> None:
+            return None
+
+    else:
+
+        @app.job(queue="bench")
+        async def index(ctx, doc_id, title, tags):  # type: ignore[no-untyped-def]
+            return None
+
+    async def main(rt: nj.Runtime) -> None:
+        ids = await index.enqueue_many({"doc_id": i, "title": "a title", "tags": ["a", "b"]} for i in range(n))
+        await rt.wait(ids[-1], timeout=600)
+
+    nj.run(main, app=app)
+
+
 def _count(side: str, n: int, workers: int) -> int:
     out = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
@@ -73,7 +102,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--side", choices=["baseline", "runtime", "unwatched"], help=argparse.SUPPRESS)
+    parser.add_argument("--args", action="store_true", help="count the argument check's price instead")
+    parser.add_argument("--side", choices=["baseline", "runtime", "unwatched", "typed", "untyped"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side == "baseline":
         run_baseline(args.jobs, args.workers)
@@ -81,10 +111,20 @@ def main() -> int:
     if args.side in ("runtime", "unwatched"):
         _runtime(args.jobs, args.workers, watch=args.side == "runtime")
         return 0
+    if args.side in ("typed", "untyped"):
+        _runtime_args(args.jobs, args.workers, typed=args.side == "typed")
+        return 0
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
         return 2
     base = per_job("baseline", args.jobs, args.workers)
+    if args.args:
+        plain = per_job("untyped", args.jobs, args.workers)
+        typed = per_job("typed", args.jobs, args.workers)
+        print(f"instructions per job: baseline {base:,.0f}; 3 args unannotated {plain:,.0f} (ratio {base / plain:.3f}), "
+              f"annotated {typed:,.0f} (ratio {base / typed:.3f})")
+        print(f"argument check: {typed - plain:,.0f} instructions per job ({(typed - plain) / plain:+.1%})")
+        return 0
     rt = per_job("runtime", args.jobs, args.workers)
     bare = per_job("unwatched", args.jobs, args.workers)
     print(f"instructions per job: baseline {base:,.0f}, runtime {rt:,.0f}; ratio {base / rt:.3f} (target >= 0.5)")

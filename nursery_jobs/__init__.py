@@ -33,6 +33,8 @@ from .errors import (
     BackendUnavailable,
     ConfigError,
     JobNotFound,
+    LockLost,
+    LockTimeout,
     NurseryJobsError,
     ResourceError,
     RuntimeClosed,
@@ -42,6 +44,7 @@ from .infra.threads import run_blocking
 from .jobs import Discard, Job, JobContext, JobError, JobId, JobState, Receipt, Resource, Resources, Snooze
 from .client import Client, QueueStats
 from .runtime import Runtime, open_runtime, publish, run
+from .services.periodic import PeriodicInfo
 
 if _TYPE_CHECKING:
     from . import testing as testing
@@ -61,9 +64,12 @@ __all__ = [
     "JobId",
     "JobKind",
     "JobNotFound",
+    "LockLost",
+    "LockTimeout",
     "JobState",
     "MemoryBackend",
     "NurseryJobsError",
+    "PeriodicInfo",
     "QueueConfig",
     "QueueStats",
     "Receipt",

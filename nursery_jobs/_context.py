@@ -30,6 +30,10 @@ class Enqueuer(Protocol):
         """The backend's clock (a `delay=` becomes a `run_at` on it)."""
         ...
 
+    def wall_offset(self) -> float:
+        """What maps a wall-clock `run_at` onto that clock (`Backend.wall_offset`)."""
+        ...
+
     async def insert(self, jobs: Sequence[NewJob]) -> list[JobId]:
         """Store `jobs` (cancel-atomic; `RuntimeClosed` once shutdown began)."""
         ...

@@ -7,23 +7,34 @@ is declared, so a typo fails at import, not at three in the morning.
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import math
 from collections import abc
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, Mapping, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, Mapping, ParamSpec, Protocol, TypeVar, cast, overload
 
 import attrs
 
 from ._context import get_enqueuer
 from .backends.protocol import NewJob
-from .config import DEFAULT_QUEUE, QueueConfig, RetryPolicy, check_name, check_priority, check_timeout, check_unique_key
+from .config import (
+    DEFAULT_QUEUE,
+    QueueConfig,
+    RetryPolicy,
+    check_limit,
+    check_name,
+    check_priority,
+    check_timeout,
+    check_unique_key,
+)
+from .cron import Cron, parse_schedule
 from .errors import ArgsError, ConfigError, UnknownJob
-from .jobs import Resource, Resources, encode_args
+from .jobs import ArgsChecker, Resource, Resources, check_context_param, encode_args
 
 if TYPE_CHECKING:
     from .jobs import JobContext, JobId
 
-__all__ = ["App", "EnqueueOptions", "JobKind", "Subscription"]
+__all__ = ["App", "EnqueueOptions", "JobKind", "Periodic", "Subscription"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -44,8 +55,18 @@ def _check_delay(_inst: Any, _attr: Any, value: Any) -> None:
 
 
 def _check_run_at(_inst: Any, _attr: Any, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
-        raise ConfigError(f"run_at must be a finite time on the backend's clock, not {value!r}")
+    if value is None:
+        return
+    if not isinstance(value, datetime.datetime):
+        raise ConfigError(
+            f"run_at must be an aware datetime (wall-clock time), not {value!r}: pass "
+            "datetime.now(timezone.utc) + timedelta(...), or delay= in seconds"
+        )
+    if value.utcoffset() is None:
+        raise ConfigError(
+            f"run_at {value!r} is a naive datetime, which could mean any time zone: pass tzinfo, "
+            "e.g. datetime(2030, 1, 1, 9, 0, tzinfo=timezone.utc) or dt.astimezone()"
+        )
 
 
 def _check_priority(_inst: Any, _attr: Any, value: Any) -> None:
@@ -64,7 +85,7 @@ class EnqueueOptions:
     not once per job. `priority` None: the kind's."""
 
     delay: float | None = attrs.field(default=None, validator=_check_delay)
-    run_at: float | None = attrs.field(default=None, validator=_check_run_at)
+    run_at: datetime.datetime | None = attrs.field(default=None, validator=_check_run_at)
     priority: int | None = attrs.field(default=None, validator=_check_priority)
     unique_key: str | None = attrs.field(default=None, validator=_check_key)
 
@@ -72,14 +93,22 @@ class EnqueueOptions:
         if self.delay is not None and self.run_at is not None:
             raise ConfigError("pass delay= or run_at=, not both")
 
-    def when(self, now: float) -> float | None:
-        """The job's run_at on the backend's clock (None: due now)."""
+    def when(self, now: float, wall_offset: float = 0.0) -> float | None:
+        """The job's run_at on the backend's clock (None: due now), given the clock's `now` and
+        its `wall_offset` (`Backend.wall_offset`: what maps a wall-clock `run_at` onto it)."""
         if self.delay is not None:
             return now + self.delay if self.delay > 0 else None
-        return self.run_at
+        if self.run_at is not None:
+            return self.run_at.timestamp() + wall_offset
+        return None
 
 
 _NO_OPTIONS = EnqueueOptions()
+
+
+def _short(args: Mapping[str, Any]) -> str:
+    text = repr(dict(args))
+    return text if len(text) <= 200 else f"{text[:200]}..."
 
 
 def _signature(kind: JobKind[Any, Any]) -> inspect.Signature:
@@ -105,13 +134,18 @@ class JobKind(Generic[P, R]):
     retry: RetryPolicy | None
     asyncio: bool = False
     unique: Callable[[Mapping[str, Any]], str | None] | None = None
+    concurrency_key: Callable[[Mapping[str, Any]], str | None] | None = None
+    max_concurrent: int | None = None
     signature: inspect.Signature = attrs.field(init=False, default=attrs.Factory(_signature, takes_self=True))
     _var_keyword: bool = attrs.field(init=False, default=False)
     _keywords: frozenset[str] = attrs.field(init=False, default=frozenset())
     _required: frozenset[str] = attrs.field(init=False, default=frozenset())
     _simple: bool = attrs.field(init=False, default=True)
+    _types: ArgsChecker | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
+        hints = check_context_param(self.fn, self.name)
+        object.__setattr__(self, "_types", ArgsChecker.build(self.fn, self.name, hints))
         params = list(self.signature.parameters.values())[1:]
         plain = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         object.__setattr__(self, "_var_keyword", any(p.kind is p.VAR_KEYWORD for p in params))
@@ -144,6 +178,25 @@ class JobKind(Generic[P, R]):
             )
         return check_unique_key(f"{self.name}:{key}")
 
+    def concurrency_key_for(self, args: Mapping[str, Any]) -> str | None:
+        """The concurrency key the kind's `concurrency_key` function gives these args (not
+        scoped to the kind: kinds that return one key share its limit); None when the kind has
+        no function or it returned None. `ArgsError`, naming the kind, when the function raises
+        or returns something that is not a storable key: it depends on the args."""
+        fn = self.concurrency_key
+        if fn is None:
+            return None
+        try:
+            key = fn(args)
+        except Exception as exc:
+            raise ArgsError(
+                f"the concurrency_key function of job {self.name!r} raised {type(exc).__name__}: {exc} "
+                f"(for args {dict(args)!r})"
+            ) from exc
+        if key is None:
+            return None
+        return check_unique_key(key, f"the concurrency key of job {self.name!r}", ArgsError)
+
     def check_args(self, args: Mapping[str, Any]) -> None:
         """`ArgsError` unless `args` bind to the handler's keyword parameters."""
         if self._simple:
@@ -154,7 +207,10 @@ class JobKind(Generic[P, R]):
         try:
             self.signature.bind(None, **args)
         except TypeError as exc:
-            raise ArgsError(f"args {dict(args)!r} do not fit job {self.name!r}{self.signature}: {exc}") from None
+            takes = ", ".join(str(p) for p in list(self.signature.parameters.values())[1:]) or "no arguments"
+            raise ArgsError(
+                f"args {_short(args)} do not fit job {self.name!r}: {exc} (it takes {takes})"
+            ) from None
 
     def _args_json(self, args: Mapping[str, Any]) -> str:
         if type(args) is not dict:
@@ -164,41 +220,57 @@ class JobKind(Generic[P, R]):
                 )
             args = dict(args)
         self.check_args(args)
-        return encode_args(args)
+        text = encode_args(args)  # JSON values first: a tuple is refused as a tuple, whatever the annotation
+        if self._types is not None:
+            self._types.check(args)
+        return text
 
-    def new_job(self, args: Mapping[str, Any], opts: EnqueueOptions, now: float) -> NewJob:
-        """The job a backend stores for one enqueue of `args` (validated: `ArgsError`)."""
+    def new_job(self, args: Mapping[str, Any], opts: EnqueueOptions, now: float, wall_offset: float = 0.0) -> NewJob:
+        """The job a backend stores for one enqueue of `args` (validated: `ArgsError`); `now`
+        and `wall_offset` are the backend's (`EnqueueOptions.when`)."""
         key = opts.unique_key
         if key is None and self.unique is not None:
             key = self.unique_key_for(args)
         priority = self.priority if opts.priority is None else opts.priority
-        return NewJob(self.name, self.queue, self._args_json(args), priority, opts.when(now), self.max_attempts, key)
+        args_json = self._args_json(args)
+        ckey = self.concurrency_key_for(args) if self.concurrency_key is not None else None
+        return NewJob(
+            self.name, self.queue, args_json, priority, opts.when(now, wall_offset), self.max_attempts, key,
+            ckey, None if ckey is None else self.max_concurrent,
+        )  # fmt: skip
 
-    def new_jobs(self, many: Iterable[Mapping[str, Any]], opts: EnqueueOptions, now: float) -> list[NewJob]:
+    def new_jobs(
+        self, many: Iterable[Mapping[str, Any]], opts: EnqueueOptions, now: float, wall_offset: float = 0.0
+    ) -> list[NewJob]:
         """One job per mapping of `many` (all validated first: one bad mapping refuses the batch);
         a kind with a `unique` function gives each job its own key."""
         if opts.unique_key is not None:
             raise ConfigError("unique_key applies to enqueue(), not enqueue_many(): one key cannot name many jobs")
         name, queue, attempts, to_json = self.name, self.queue, self.max_attempts, self._args_json
         priority = self.priority if opts.priority is None else opts.priority
-        when = opts.when(now)
+        when = opts.when(now, wall_offset)
         new = tuple.__new__  # a NamedTuple without its Python-level __new__: once per job
+        if self.concurrency_key is not None:
+            return [self.new_job(args, opts, now, wall_offset) for args in many]  # each its own key
         if self.unique is None:
-            return [new(NewJob, (name, queue, to_json(args), priority, when, attempts, None)) for args in many]
+            return [new(NewJob, (name, queue, to_json(args), priority, when, attempts, None, None, None)) for args in many]
         key_for = self.unique_key_for  # a key twice in one batch gives the first job's id twice
-        return [new(NewJob, (name, queue, to_json(args), priority, when, attempts, key_for(args))) for args in many]
+        return [
+            new(NewJob, (name, queue, to_json(args), priority, when, attempts, key_for(args), None, None)) for args in many
+        ]
 
     def options(
         self,
         *,
         delay: float | None = None,
-        run_at: float | None = None,
+        run_at: datetime.datetime | None = None,
         priority: int | None = None,
         unique_key: str | None = None,
     ) -> BoundEnqueue:
         """Enqueue with options: ``await kind.options(delay=5).enqueue(doc_id=1)`` (or
-        ``.enqueue_many(...)``, ``.enqueue_tx(conn, ...)``). The options are checked here
-        (`ConfigError`)."""
+        ``.enqueue_many(...)``, ``.enqueue_tx(conn, ...)``). `delay` is seconds from now, `run_at`
+        an aware datetime (wall-clock time; a naive one is a `ConfigError`). The options are
+        checked here (`ConfigError`)."""
         return BoundEnqueue(self, EnqueueOptions(delay=delay, run_at=run_at, priority=priority, unique_key=unique_key))
 
     async def enqueue(self, **args: Any) -> JobId:
@@ -223,15 +295,52 @@ class BoundEnqueue:
 
     async def enqueue(self, **args: Any) -> JobId:
         client = get_enqueuer(f"{self.kind.name}.enqueue()")
-        return (await client.insert([self.kind.new_job(args, self.opts, client.now())]))[0]
+        return (await client.insert([self.kind.new_job(args, self.opts, client.now(), client.wall_offset())]))[0]
 
     async def enqueue_many(self, many: Iterable[Mapping[str, Any]]) -> list[JobId]:
         client = get_enqueuer(f"{self.kind.name}.enqueue_many()")
-        return await client.insert(self.kind.new_jobs(many, self.opts, client.now()))
+        return await client.insert(self.kind.new_jobs(many, self.opts, client.now(), client.wall_offset()))
 
     async def enqueue_tx(self, conn: Any, **args: Any) -> JobId:
         client = get_enqueuer(f"{self.kind.name}.enqueue_tx()")
-        return (await client.insert_tx(conn, [self.kind.new_job(args, self.opts, client.now())]))[0]
+        return (await client.insert_tx(conn, [self.kind.new_job(args, self.opts, client.now(), client.wall_offset())]))[0]
+
+
+MISSED = ("skip", "run_once")
+
+
+class PeriodicDecorator(Protocol):
+    """What `App.periodic` returns: applied to a `JobKind` (stacked above `@app.job`) or to an
+    ``async def`` (registered as a job first), it returns the kind, typed as the handler."""
+
+    @overload
+    def __call__(self, target: JobKind[P, R]) -> JobKind[P, R]: ...
+
+    @overload
+    def __call__(self, target: Callable[P, Awaitable[R]]) -> JobKind[P, R]: ...
+
+
+@attrs.frozen(eq=False)
+class Periodic:
+    """A periodic schedule of a job kind, made by `App.periodic`: at each tick of `cron` one
+    job of `kind` with `args` is enqueued (see docs/periodic.md)."""
+
+    name: str
+    kind: JobKind[Any, Any]
+    cron: Cron
+    missed: str
+    """"skip" or "run_once": what a scheduler that starts after ticks went by does about them."""
+    enabled: bool
+    run_at_start: bool
+    args: Mapping[str, Any]
+
+    @property
+    def schedule(self) -> str:
+        return self.cron.schedule
+
+    def new_job(self, now: float) -> NewJob:
+        """The job one tick enqueues."""
+        return self.kind.new_job(self.args, _NO_OPTIONS, now)
 
 
 @attrs.frozen
@@ -264,6 +373,7 @@ class App:
         """Run around every attempt, outermost first (see `execution.attempt.KindRunner`)."""
         self._resources: dict[str, Resource[Any]] = {}
         self._subscriptions: dict[str, list[Subscription]] = {}
+        self._periodic: dict[str, Periodic] = {}
 
     @property
     def queues(self) -> Mapping[str, QueueConfig]:
@@ -272,6 +382,11 @@ class App:
     @property
     def kinds(self) -> Mapping[str, JobKind[Any, Any]]:
         return dict(self._kinds)
+
+    @property
+    def periodic_schedules(self) -> Mapping[str, Periodic]:
+        """The declared periodic schedules (`App.periodic`), by name, in declaration order."""
+        return dict(self._periodic)
 
     @property
     def resources(self) -> Mapping[str, Resource[Any]]:
@@ -324,14 +439,30 @@ class App:
         return handle
 
     def queue(
-        self, name: str, *, max_workers: int, timeout: float | None = 60.0, poll_interval: float | None = None
+        self,
+        name: str,
+        *,
+        max_workers: int,
+        timeout: float | None = 60.0,
+        poll_interval: float | None = None,
+        global_max_workers: int | None = None,
+        claim_ahead: bool = True,
     ) -> QueueConfig:
         """Declare a queue with its own pool of `max_workers` and per-attempt `timeout` seconds.
+
+        `global_max_workers`: at most this many jobs of the queue run at once across every
+        process that works it (each process still runs at most its `max_workers`); None, the
+        default: no limit across processes. Enforced where jobs are claimed (docs/concurrency.md).
 
         `poll_interval`: on durable backends, how often the queue looks for work when no
         wake-up arrives, and how often `rt.wait` on one of its jobs looks for the outcome when
         another process runs it (default: the backend's, 1 s; use 0.1 for queues requests wait
         on).
+
+        `claim_ahead`: on a durable backend, a queue of two workers or more claims a few jobs
+        for workers that are still running, so that they do not wait for a claim's round trip
+        (see "Ordering" in the guarantees for what that changes); False claims only for idle
+        workers, and starts jobs in the strict claim order whenever a worker frees.
 
         Raises `ConfigError` for a bad value or a queue declared twice.
         """
@@ -339,7 +470,10 @@ class App:
             raise ConfigError(f"queue {name!r} is declared twice; declare each queue once")
         if any(k.queue == name for k in self._kinds.values()):
             raise ConfigError(f"queue {name!r} must be declared before the jobs that use it")
-        cfg = QueueConfig(name, max_workers=max_workers, timeout=timeout, poll_interval=poll_interval)
+        cfg = QueueConfig(
+            name, max_workers=max_workers, timeout=timeout, poll_interval=poll_interval,
+            global_max_workers=global_max_workers, claim_ahead=claim_ahead,
+        )  # fmt: skip
         self._queues[name] = cfg
         self._declared.add(name)
         return cfg
@@ -355,6 +489,8 @@ class App:
         retry: RetryPolicy | None = None,
         asyncio: bool = False,
         unique: Callable[[Mapping[str, Any]], str | None] | None = None,
+        concurrency_key: Callable[[Mapping[str, Any]], str | None] | None = None,
+        max_concurrent: int | None = None,
     ) -> Callable[[Callable[P, Awaitable[R]]], JobKind[P, R]]:
         """Register an async handler ``async def fn(ctx, **args)`` as a job kind.
 
@@ -363,8 +499,18 @@ class App:
         cancel scope and timeout. `name` defaults to the function's name and is
         what `rt.enqueue(name, args)` and the backends store. `unique`, a function of the job's
         args returning a key (or None), makes every enqueue of this kind unique on
-        ``"<name>:<key>"`` unless the call passes its own `unique_key`. Raises `ConfigError` for an
-        unknown queue, a duplicate name, a non-async handler or a bad value.
+        ``"<name>:<key>"`` unless the call passes its own `unique_key`.
+
+        `concurrency_key`, a function of the job's args returning a key (or None: no limit for
+        that job), computed once at enqueue and stored with the job, with `max_concurrent`
+        (default 1): at most that many jobs with one key run at once, across every process.
+        The key is not scoped to the kind, so kinds returning the same key share it (each job
+        starting only while fewer than its own `max_concurrent` of the key run). A job whose
+        key is at its limit is not claimed and holds back no other job (docs/concurrency.md).
+        A key function that raises, or returns what is not a key, is an `ArgsError` at enqueue.
+
+        Raises `ConfigError` for an unknown queue, a duplicate name, a non-async handler or a
+        bad value.
         """
         if queue not in self._queues:
             raise ConfigError(
@@ -377,6 +523,16 @@ class App:
         check_priority(priority)
         if unique is not None and not callable(unique):
             raise ConfigError(f"unique must be a function of the job's args returning a str or None, not {unique!r}")
+        if concurrency_key is not None and not callable(concurrency_key):
+            raise ConfigError(
+                f"concurrency_key must be a function of the job's args returning a str or None, not {concurrency_key!r}"
+            )
+        if max_concurrent is not None:
+            if concurrency_key is None:
+                raise ConfigError("max_concurrent needs a concurrency_key: the limit is per key")
+            check_limit("max_concurrent", max_concurrent)
+        elif concurrency_key is not None:
+            max_concurrent = 1
 
         def register(fn: Callable[P, Awaitable[R]]) -> JobKind[P, R]:
             if not inspect.iscoroutinefunction(fn):
@@ -389,9 +545,6 @@ class App:
                 raise ConfigError(
                     f"job name {kind_name!r} is registered twice; pass name=... to tell them apart"
                 )
-            params = list(inspect.signature(fn).parameters.values())
-            if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
-                raise ConfigError(f"job handler {kind_name!r} must take the JobContext as its first argument")
             kind: JobKind[P, R] = JobKind(
                 fn,
                 name=kind_name,
@@ -402,11 +555,18 @@ class App:
                 retry=retry,
                 asyncio=asyncio,
                 unique=unique,
+                concurrency_key=concurrency_key,
+                max_concurrent=max_concurrent,
             )
             self._kinds[kind_name] = kind
             return kind
 
-        return register
+        return cast(PeriodicDecorator, register)
+
+    def uses_queue(self, name: str) -> bool:
+        """True if the queue was declared with `app.queue` or a job kind uses it (the "default"
+        queue exists either way)."""
+        return name in self._declared or any(k.queue == name for k in self._kinds.values())
 
     @property
     def subscriptions(self) -> Mapping[str, tuple[Subscription, ...]]:
@@ -468,3 +628,80 @@ class App:
 
     def timeout_for(self, kind: JobKind[Any, Any]) -> float | None:
         return kind.timeout if kind.timeout is not None else self._queues[kind.queue].timeout
+
+    def periodic(
+        self,
+        schedule: str,
+        *,
+        queue: str | None = None,
+        timezone: str = "UTC",
+        missed: str = "skip",
+        enabled: bool = True,
+        run_at_start: bool = False,
+        name: str | None = None,
+        args: Mapping[str, Any] | None = None,
+    ) -> PeriodicDecorator:
+        """Enqueue a job of a kind on a schedule, from every process, with no leader: stacked
+        above `@app.job` (or on an `async def`, which it then registers as a job on `queue`)::
+
+            @app.periodic("*/5 * * * *", timezone="Europe/Paris")
+            @app.job(queue="maintenance")
+            async def purge(ctx): ...
+
+        `schedule`: a 5-field cron expression, 6 fields with seconds first, a macro (`@hourly`,
+        `@daily`/`@midnight`, `@weekly`, `@monthly`, `@yearly`) or `@every 10m`; evaluated in
+        `timezone` (an IANA name). Each tick enqueues exactly one job with `args` (default: none)
+        across every runtime on the store. `missed`: what a scheduler starting after ticks went
+        by unserved does: "skip" enqueues none of them, "run_once" one (the latest).
+        `run_at_start`: each runtime start also enqueues one job, unless one from a start is
+        still pending. `enabled=False` declares the schedule (listed by `rt.periodic()`) without
+        running it. `name` (default: the kind's name) tells two schedules of one kind apart.
+        Returns the job kind. Raises `ConfigError` for an invalid schedule, an unknown queue or
+        timezone, a bad `missed`, args that do not fit the handler, or a name used twice.
+        """
+        cron = parse_schedule(schedule, timezone)
+        if queue is not None and queue not in self._queues:
+            raise ConfigError(
+                f"periodic schedule {schedule!r} uses unknown queue {queue!r}; declare it first with "
+                f"app.queue({queue!r}, max_workers=...) (known: {sorted(self._queues)})"
+            )
+        if missed not in MISSED:
+            raise ConfigError(f"missed must be one of {MISSED}, not {missed!r}")
+        for flag, value in (("enabled", enabled), ("run_at_start", run_at_start)):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{flag} must be True or False, not {value!r}")
+        if args is not None and not isinstance(args, abc.Mapping):
+            raise ConfigError(f"args must be a mapping of the handler's keyword arguments, not {args!r}")
+        job_args = dict(args or {})
+        if name is not None:
+            check_name("periodic schedule", name)
+            if name in self._periodic:
+                raise ConfigError(f"periodic schedule {name!r} is declared twice; pass name=... to tell them apart")
+
+        def register(target: Any) -> Any:
+            if isinstance(target, JobKind):
+                kind: JobKind[Any, Any] = target
+                if queue is not None and queue != kind.queue:
+                    raise ConfigError(
+                        f"periodic schedule {schedule!r}: job {kind.name!r} runs on queue {kind.queue!r}, not "
+                        f"{queue!r}; set the queue on @app.job and leave it out of @app.periodic"
+                    )
+            else:
+                kind = self.job(queue=queue or DEFAULT_QUEUE)(target)
+            if self._kinds.get(kind.name) is not kind:
+                raise ConfigError(f"job {kind.name!r} is not registered on this app; stack @app.periodic above @app.job")
+            schedule_name = name if name is not None else kind.name
+            if schedule_name in self._periodic:
+                raise ConfigError(
+                    f"periodic schedule {schedule_name!r} is declared twice; pass name=... to tell them apart"
+                )
+            try:
+                kind._args_json(job_args)
+            except ArgsError as exc:
+                raise ConfigError(f"periodic schedule {schedule_name!r}: {exc}") from None
+            self._periodic[schedule_name] = Periodic(
+                schedule_name, kind, cron, missed, enabled, run_at_start, job_args
+            )
+            return kind
+
+        return register

@@ -11,6 +11,7 @@ cancelled); if the call returns, it happened exactly once.
 
 from __future__ import annotations
 
+import datetime
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
@@ -21,6 +22,7 @@ from .app import App, EnqueueOptions, JobKind
 from .backends import Backend, NewJob, Outbox, QueueCounts, TransactionalEnqueue
 from .config import check_name
 from .coordination.receipts import Receipts
+from .config import DEFAULT_QUEUE
 from .errors import ConfigError, RuntimeClosed
 from .infra.threads import ThreadBudget
 from .jobs import Job, JobId, JobState, Receipt, _ExistingJobId, check_job_id, encode_payload
@@ -30,25 +32,40 @@ __all__ = ["Client", "QueueStats"]
 
 @attrs.frozen
 class QueueStats:
-    """One queue, as `Runtime.stats` reports it.
-
-    `running` counts attempts in progress in the backend (all processes); `queued` is available
-    + scheduled + retryable; `failed` counts attempts that ended in an error or a timeout;
-    `interrupted` counts attempts a shutdown gave back.
+    """One queue, as `Runtime.stats` reports it. Each counter says what it counts and whose it
+    is: *jobs* in the backend (every process sharing it: the fleet), *attempts* over the jobs the
+    backend still keeps (final jobs leave with retention), or this process's own workers (*here*).
     """
 
     name: str
-    max_workers: int
+    max_workers_here: int
+    """This process's worker limit for the queue (0 when this process runs no worker for it,
+    e.g. a client that only enqueues, or `open_runtime(queues=[...])` without it)."""
+    running_here: int
+    """Attempts of this queue in progress in this process (at most `max_workers_here`)."""
     running: int
+    """Jobs in the `running` state, fleet-wide: every process's attempts (and claims not yet
+    rescued from a process that died), so it may exceed `max_workers_here`."""
     queued: int
+    """Jobs waiting to run, fleet-wide: `available` + `scheduled` + `retryable`."""
     available: int
+    """Jobs due now, waiting for a worker."""
     scheduled: int
+    """Jobs waiting for their `run_at` (a delay, a `run_at`, a snooze)."""
     retryable: int
+    """Jobs whose last attempt failed, waiting for their backoff to pass."""
     completed: int
+    """Jobs completed, of those the backend still keeps (retention deletes old final jobs)."""
     discarded: int
+    """Jobs failed for good (`Discard`, attempts spent, or not runnable), of those kept."""
     cancelled: int
-    failed: int
-    interrupted: int
+    """Jobs cancelled, of those kept."""
+    failed_attempts: int
+    """Attempts that ended in an error or a timeout, over the jobs kept: a job retried twice
+    and then completed counts 2 here and 1 in `completed`; a failed attempt is not a failed
+    job (those are `discarded`)."""
+    interrupted_attempts: int
+    """Attempts a shutdown cut and gave back (they did not count against `max_attempts`)."""
 
 
 class Client:
@@ -67,6 +84,22 @@ class Client:
 
     def now(self) -> float:
         return self.backend.now()
+
+    def wall_offset(self) -> float:
+        return self.backend.wall_offset()
+
+    def wall_now(self) -> datetime.datetime:
+        """Now, as the backend's wall clock has it (an aware UTC datetime): the present in
+        production; under `MockClock` on the memory backend, the virtual present (wall time at
+        start plus the virtual time elapsed), which is what to add a `timedelta` to for a
+        `run_at` in a test that moves virtual time."""
+        return self.wall_time(self.backend.now())
+
+    def wall_time(self, t: float) -> datetime.datetime:
+        """A time on the backend's clock (a `Job`'s `run_at`, `created_at`, `attempted_at`,
+        `finalized_at`, a `JobError`'s `at`) as an aware UTC datetime: the inverse of the mapping
+        that `run_at=` goes through, so ``rt.wall_time(job.run_at)`` is the datetime enqueued."""
+        return datetime.datetime.fromtimestamp(t - self.backend.wall_offset(), datetime.timezone.utc)
 
     def _check_open(self) -> None:
         if self.closing:
@@ -95,7 +128,7 @@ class Client:
         args: Mapping[str, Any] | None = None,
         *,
         delay: float | None = None,
-        run_at: float | None = None,
+        run_at: datetime.datetime | None = None,
         priority: int | None = None,
         unique_key: str | None = None,
     ) -> JobId:
@@ -103,7 +136,8 @@ class Client:
         returns its id (a `JobId`, an int whose `.existing` is True when `unique_key` matched a
         pending job).
 
-        `delay` (seconds) or `run_at` (backend clock) schedule it for later; higher `priority`
+        `delay` (seconds from now) or `run_at` (an aware datetime: wall-clock time on every
+        backend; naive is a `ConfigError`) schedule it for later; higher `priority`
         runs first (default: the kind's); with `unique_key`, while a job with that key is not
         final, the existing job's id is returned and no job is added. Raises UnknownJob,
         ArgsError, ConfigError, or RuntimeClosed once shutdown began. Cancel-atomic: if the
@@ -111,7 +145,7 @@ class Client:
         """
         job_kind = self._kind(kind)
         opts = EnqueueOptions(delay=delay, run_at=run_at, priority=priority, unique_key=unique_key)
-        return (await self.insert([job_kind.new_job(args or {}, opts, self.now())]))[0]
+        return (await self.insert([job_kind.new_job(args or {}, opts, self.now(), self.wall_offset())]))[0]
 
     async def enqueue_many(
         self,
@@ -119,7 +153,7 @@ class Client:
         many: Iterable[Mapping[str, Any]],
         *,
         delay: float | None = None,
-        run_at: float | None = None,
+        run_at: datetime.datetime | None = None,
         priority: int | None = None,
     ) -> list[JobId]:
         """Enqueue one job of `kind` per mapping in `many`, in one backend call; returns the ids
@@ -127,7 +161,7 @@ class Client:
         with a `unique` function gives each job its own key."""
         job_kind = self._kind(kind)
         opts = EnqueueOptions(delay=delay, run_at=run_at, priority=priority)
-        return await self.insert(job_kind.new_jobs(many, opts, self.now()))
+        return await self.insert(job_kind.new_jobs(many, opts, self.now(), self.wall_offset()))
 
     def _transactional(self, what: str) -> TransactionalEnqueue:
         backend = self.backend
@@ -153,7 +187,7 @@ class Client:
         args: Mapping[str, Any] | None = None,
         *,
         delay: float | None = None,
-        run_at: float | None = None,
+        run_at: datetime.datetime | None = None,
         priority: int | None = None,
         unique_key: str | None = None,
     ) -> JobId:
@@ -170,7 +204,7 @@ class Client:
         """
         job_kind = self._kind(kind)
         opts = EnqueueOptions(delay=delay, run_at=run_at, priority=priority, unique_key=unique_key)
-        return (await self.insert_tx(conn, [job_kind.new_job(args or {}, opts, self.now())]))[0]
+        return (await self.insert_tx(conn, [job_kind.new_job(args or {}, opts, self.now(), self.wall_offset())]))[0]
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Any]:
@@ -250,16 +284,29 @@ class Client:
         await trio.lowlevel.cancel_shielded_checkpoint()
         return state
 
+    def workers_here(self) -> Mapping[str, tuple[int, int]]:
+        """Per queue this process runs workers for: (worker limit, attempts in progress). A
+        client runs none; `Runtime` reports its executors."""
+        return {}
+
     async def stats(self) -> dict[str, QueueStats]:
-        """Per queue of the app: its worker limit and its jobs by state."""
+        """Per queue of the app, by name: its jobs by state (fleet-wide), its attempt counters
+        and this process's workers (`QueueStats`). The "default" queue, which always exists, is
+        listed only when it is used: declared with `app.queue`, used by a job kind, or holding
+        jobs in the backend."""
         await trio.lowlevel.checkpoint()
         counts = await self.backend.stats()
+        here = self.workers_here()
         out: dict[str, QueueStats] = {}
-        for name, cfg in sorted(self.app.queues.items()):
+        for name in sorted(self.app.queues):
+            if name == DEFAULT_QUEUE and not (name in counts or self.app.uses_queue(name)):
+                continue
             c = counts.get(name, QueueCounts())
+            limit, busy = here.get(name, (0, 0))
             out[name] = QueueStats(
                 name=name,
-                max_workers=cfg.max_workers,
+                max_workers_here=limit,
+                running_here=busy,
                 running=c.running,
                 queued=c.available + c.scheduled + c.retryable,
                 available=c.available,
@@ -268,8 +315,8 @@ class Client:
                 completed=c.completed,
                 discarded=c.discarded,
                 cancelled=c.cancelled,
-                failed=c.failed,
-                interrupted=c.interrupted,
+                failed_attempts=c.failed,
+                interrupted_attempts=c.interrupted,
             )
         return out
 

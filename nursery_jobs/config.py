@@ -71,20 +71,33 @@ def check_priority(value: Any) -> int:
     return value
 
 
-def check_unique_key(value: Any) -> str:
+def check_unique_key(value: Any, what: str = "unique_key", error: type[Exception] = ConfigError) -> str:
+    """A key (a unique key, a concurrency key): a non-empty str that every backend stores as
+    text and indexes, at most `MAX_UNIQUE_KEY` bytes of UTF-8, else `error` naming `what`."""
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"unique_key must be a non-empty str, not {value!r}")
+        raise error(f"{what} must be a non-empty str, not {value!r}")
     if "\x00" in value:
-        raise ConfigError(f"unique_key must not contain NUL, not {value[:100]!r}")
+        raise error(f"{what} must not contain NUL, not {value[:100]!r}")
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError:
-        raise ConfigError(f"unique_key must be valid text (it holds a lone surrogate): {value[:100]!r}") from None
+        raise error(f"{what} must be valid text (it holds a lone surrogate): {value[:100]!r}") from None
     if size > MAX_UNIQUE_KEY:
-        raise ConfigError(
-            f"unique_key is {size:,} bytes, over the limit of {MAX_UNIQUE_KEY:,}; use a hash of a long key "
+        raise error(
+            f"{what} is {size:,} bytes, over the limit of {MAX_UNIQUE_KEY:,}; use a hash of a long key "
             f"(for example hashlib.sha256(key.encode()).hexdigest()): {value[:60]!r}..."
         )
+    return value
+
+
+MAX_CONCURRENT = 2**31 - 1
+"""The largest `max_concurrent` and `global_max_workers`: a 32-bit int, as PostgreSQL stores it."""
+
+
+def check_limit(what: str, value: Any) -> int:
+    """A concurrency limit: an int from 1 to `MAX_CONCURRENT`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONCURRENT:
+        raise ConfigError(f"{what} must be an int from 1 to {MAX_CONCURRENT}, not {value!r}")
     return value
 
 
@@ -146,6 +159,11 @@ def _non_negative(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         raise ConfigError(f"{attr.name} must be a finite number >= 0, not {value!r}")
 
 
+def _flag(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{attr.name} must be True or False, not {value!r}")
+
+
 @attrs.frozen
 class QueueConfig:
     """A named queue: its own worker pool and its hard per-attempt timeout.
@@ -158,6 +176,16 @@ class QueueConfig:
     timeout: float | None = attrs.field(validator=_timeout_validator)
     poll_interval: float | None = attrs.field(default=None, validator=_poll_interval)
     """Fallback fetch period for this queue; None uses the backend's."""
+    global_max_workers: int | None = attrs.field(default=None)
+    """At most this many jobs of the queue run at once across every process (None: no limit
+    but each process's `max_workers`)."""
+
+    @global_max_workers.validator
+    def _check_global(self, _attr: attrs.Attribute[Any], value: Any) -> None:
+        if value is not None:
+            check_limit("global_max_workers", value)
+    claim_ahead: bool = attrs.field(default=True, validator=_flag)
+    """Claim jobs for workers still running (durable backends, queues of 2 workers or more)."""
 
 
 @attrs.frozen

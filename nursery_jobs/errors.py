@@ -13,6 +13,8 @@ __all__ = [
     "ConfigError",
     "DrainIncomplete",
     "JobNotFound",
+    "LockLost",
+    "LockTimeout",
     "NotIdempotent",
     "NurseryJobsError",
     "ResourceError",
@@ -63,6 +65,16 @@ class BackendError(NurseryJobsError, RuntimeError):
 
 class RuntimeClosed(NurseryJobsError, RuntimeError):
     """The runtime is shutting down or closed, or there is no runtime in this context."""
+
+
+class LockTimeout(NurseryJobsError, TimeoutError):
+    """`rt.lock(name, timeout=...)` did not get the lock within `timeout`: another holder kept it."""
+
+
+class LockLost(NurseryJobsError, RuntimeError):
+    """A lock held by `rt.lock` could not be renewed before it expired (the store was unreachable,
+    or the lock expired and another holder took it): the block was cancelled at that point, so
+    it never ran unlocked, and this is raised where the block ends."""
 
 
 class ResourceError(NurseryJobsError, RuntimeError):

@@ -14,16 +14,21 @@ Arguments cross every backend as JSON text, the memory backend included: what ca
 from __future__ import annotations
 
 import enum
+import inspect
 import json
 import math
 import traceback
+import types
+import typing
 from typing import Any, AsyncIterator, Callable, Generic, Iterator, Mapping, TypeVar, overload
 
 import attrs
+import msgspec
 
 from .errors import ArgsError, ConfigError, JobNotFound
 
 __all__ = [
+    "ArgsChecker",
     "Discard",
     "Job",
     "JobContext",
@@ -37,6 +42,7 @@ __all__ = [
     "Resource",
     "Resources",
     "Snooze",
+    "check_context_param",
     "check_job_id",
     "clean_text",
     "decode_args",
@@ -216,8 +222,11 @@ def format_traceback(error: BaseException) -> str:
 class Job:
     """A snapshot of a job row, as `Runtime.get_job` returns it.
 
-    Times are seconds on the backend's clock: `trio.current_time()` on the memory backend (so
-    `MockClock` drives it in tests), Unix time on durable backends.
+    Times (`run_at`, `created_at`, `attempted_at`, `finalized_at`, each error's `at`) are
+    seconds on the backend's clock, for arithmetic with `rt.now()`: Unix time on the durable
+    backends, `trio.current_time()` on the memory backend (so `MockClock` drives it in tests).
+    ``rt.wall_time(job.run_at)`` gives any of them as an aware UTC datetime on every backend,
+    the same datetime that `run_at=` was given.
     """
 
     id: int
@@ -512,3 +521,199 @@ class Resources(Mapping[str, Any]):
             f"no resource named {name!r} is open; declare it with @app.resource on an async generator "
             f"function (open: {sorted(self._values)})"
         )
+
+
+# -- the handler's parameters: what a job's args must be -------------------------------------
+
+_CONTEXT_NAMES = frozenset({"ctx", "context", "job_ctx", "_ctx", "_context", "_"})
+_ALLOWED_TYPES = (
+    "int, float, str, bool, None, Any, list[...], dict[str, ...], Literal[...] of str/int/bool/None, "
+    "X | Y (Optional, Union) and TypedDicts of these"
+)
+
+
+def _label(fn: Any) -> str:
+    return str(getattr(fn, "__qualname__", fn))
+
+
+def _type_hints(fn: Callable[..., Any], params: list[inspect.Parameter]) -> dict[str, Any]:
+    """The handler's annotations, evaluated (``from __future__ import annotations`` makes them
+    strings). A name only imported under TYPE_CHECKING cannot be evaluated: tolerated on the
+    context parameter, a `ConfigError` on an argument (whose type must be known to check it)."""
+    try:
+        return typing.get_type_hints(fn)
+    except Exception:  # NameError most often; evaluate one annotation at a time to say which
+        pass
+    hints: dict[str, Any] = {}
+    globalns = getattr(inspect.unwrap(fn), "__globals__", {})
+    for i, p in enumerate(params):
+        if p.annotation is p.empty:
+            continue
+        try:
+            hints[p.name] = typing.get_type_hints(_Holder(p.name, p.annotation), globalns)[p.name]
+        except Exception as exc:
+            if i == 0:
+                hints[p.name] = p.annotation  # the context's annotation is not needed to run
+                continue
+            raise ConfigError(
+                f"job handler {_label(fn)!r}: the annotation {p.annotation!r} of argument {p.name!r} cannot be "
+                f"evaluated ({type(exc).__name__}: {exc}); import the names it uses at module level, "
+                "not under TYPE_CHECKING, so the arguments can be checked at enqueue"
+            ) from None
+    return hints
+
+
+class _Holder:
+    """An object whose `__annotations__` is one annotation, for `typing.get_type_hints`."""
+
+    def __init__(self, name: str, annotation: Any) -> None:
+        self.__annotations__ = {name: annotation}
+
+
+def check_context_param(fn: Callable[..., Any], kind_name: str) -> dict[str, Any]:
+    """`ConfigError` unless the handler's first parameter can take the `JobContext`; returns the
+    handler's evaluated annotations.
+
+    It must be positional, and annotated with `JobContext` (or Any, object) or, unannotated, be
+    named `ctx` (or `context`, `_ctx`, `_`): ``async def f(doc_id)`` would otherwise be handed the
+    context as `doc_id`, and every enqueue would fail with a confusing `ArgsError`."""
+    params = list(inspect.signature(fn).parameters.values())
+    write = f"write `async def {getattr(fn, '__name__', 'handler')}(ctx: nj.JobContext, ...)`"
+    if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+        raise ConfigError(
+            f"job handler {kind_name!r} ({_label(fn)}) must take the JobContext as its first, positional "
+            f"parameter; {write}"
+        )
+    hints = _type_hints(fn, params)
+    first = params[0]
+    ann = hints.get(first.name, inspect.Parameter.empty)
+    if ann is inspect.Parameter.empty:
+        ok = first.name in _CONTEXT_NAMES
+    elif isinstance(ann, str):  # unresolvable (TYPE_CHECKING import): trust a name that says context
+        ok = "Context" in ann
+    else:
+        ok = ann is Any or ann is object or (isinstance(ann, type) and issubclass(JobContext, ann))
+    if not ok:
+        shown = "unannotated" if ann is inspect.Parameter.empty else f"annotated {ann!r}"
+        raise ConfigError(
+            f"job handler {kind_name!r} ({_label(fn)}): its first parameter {first.name!r} ({shown}) is where "
+            f"the JobContext goes; {write} (name it ctx or annotate it nj.JobContext; job args follow it)"
+        )
+    return hints
+
+
+def _check_json_type(tp: Any, where: str) -> None:
+    """`ConfigError` unless `tp` describes JSON values only (the allowed annotations)."""
+    if tp is Any or tp is object or tp in _SCALARS or tp is None or tp is list or tp is dict:
+        return
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        return _check_json_type(args[0], where)
+    if origin is list:
+        return _check_json_type(args[0], where) if args else None
+    if origin is dict:
+        if args and args[0] is not str:
+            raise ConfigError(f"{where}: {tp!r} has keys that are not str; JSON object keys are str: use dict[str, ...]")
+        return _check_json_type(args[1], where) if args else None
+    if origin is typing.Literal:
+        bad = [a for a in args if type(a) not in _SCALARS or type(a) is float]
+        if bad:
+            raise ConfigError(f"{where}: Literal values must be str, int, bool or None, not {bad!r}")
+        return None
+    if origin is typing.Union or origin is types.UnionType:
+        for a in args:
+            _check_json_type(a, where)
+        return None
+    if typing.is_typeddict(tp):
+        for name, field in typing.get_type_hints(tp).items():
+            _check_json_type(field, f"{where}, field {name!r} of {tp.__name__}")
+        return None
+    raise ConfigError(
+        f"{where}: the annotation {tp!r} is not a JSON type; job args cross every backend as JSON, so "
+        f"annotate them with {_ALLOWED_TYPES} (pass an id and load the object in the handler)"
+    )
+
+
+class ArgsChecker:
+    """The types of a kind's arguments, checked at enqueue with msgspec (``convert(args, Struct,
+    strict=True)``: no coercion, so ``"1"`` is not an int and True is not an int; an int is a
+    valid float, as in JSON and in Python's typing). Built once per kind, at `@app.job`.
+
+    Only annotated parameters are checked (unannotated: any JSON value); defaults are not
+    checked (they are not sent); which arguments are missing or unknown is `JobKind.check_args`'s
+    concern, so this sees the type errors only. The values are never converted: the handler
+    receives exactly what was enqueued."""
+
+    __slots__ = ("kind", "_struct", "_types", "_extras")
+
+    def __init__(self, kind: str, struct: Any, types: Mapping[str, Any], extras: Any) -> None:
+        self.kind = kind
+        self._struct = struct
+        self._types = types
+        self._extras = extras
+
+    @classmethod
+    def build(cls, fn: Callable[..., Any], kind_name: str, hints: Mapping[str, Any]) -> ArgsChecker | None:
+        """The checker for `fn`'s annotated arguments (None: none is annotated, nothing to
+        check); `ConfigError` for an annotation that is not a JSON type."""
+        params = list(inspect.signature(fn).parameters.values())[1:]
+        fields: list[tuple[str, Any, Any] | tuple[str, Any]] = []
+        types: dict[str, Any] = {}
+        extras: Any = None
+        for p in params:
+            tp = hints.get(p.name, Any)
+            if p.kind is p.VAR_KEYWORD:
+                if tp is not Any:
+                    _check_json_type(tp, f"job {kind_name!r}, **{p.name}")
+                    extras = tp
+                continue
+            if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                continue
+            if tp is not Any:
+                _check_json_type(tp, f"job {kind_name!r}, argument {p.name!r}")
+                types[p.name] = tp
+            # Optional fields get a placeholder default: a default is not sent, so never checked.
+            fields.append((p.name, tp) if p.default is p.empty else (p.name, tp, None))
+        if not types and extras is None:
+            return None
+        fields.sort(key=lambda f: len(f) == 3)  # msgspec wants required fields first
+        struct = msgspec.defstruct(f"{kind_name}_args", fields, forbid_unknown_fields=False)
+        return cls(kind_name, struct, types, extras)
+
+    def check(self, args: Mapping[str, Any]) -> None:
+        """`ArgsError` naming the kind, the argument, what was expected and what was given."""
+        try:
+            _convert(args, self._struct, strict=True)
+        except msgspec.ValidationError as exc:
+            detail, _, path = str(exc).partition(" - at `")
+            path = path.rstrip("`")
+            name = path[2:].split(".")[0].split("[")[0] if path.startswith("$.") else ""
+            rel = path[2 + len(name) :]
+            raise ArgsError(self._describe(name, self._types.get(name), args.get(name), detail, rel)) from None
+        if self._extras is not None:
+            known = self._struct.__struct_fields__
+            for name, value in args.items():
+                if name not in known:
+                    try:
+                        _convert(value, self._extras, strict=True)
+                    except msgspec.ValidationError as exc:
+                        detail, _, path = str(exc).partition(" - at `")
+                        raise ArgsError(self._describe(name, self._extras, value, detail, path.rstrip("`")[1:])) from None
+
+    def _describe(self, name: str, expected: Any, given: Any, detail: str, path: str) -> str:
+        inner = f" at {name}{path}" if path else ""
+        return (
+            f"job {self.kind!r}: argument {name!r} must be {_type_name(expected)}, not {_short_repr(given, 80)} "
+            f"({detail[0].lower()}{detail[1:]}{inner}); pass a value of that type (none is converted: "
+            '"1" is not an int)'
+        )
+
+
+def _type_name(tp: Any) -> str:
+    if isinstance(tp, type) and not typing.get_args(tp):
+        return "None" if tp is type(None) else tp.__name__
+    return repr(tp).replace("typing.", "")
+
+
+_convert = msgspec.convert

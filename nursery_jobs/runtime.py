@@ -8,12 +8,13 @@ takes the whole runtime.
 Start order (each step only once the previous one is ready): validate the app and settings ->
 open the backend -> subscribe to its events -> the app's resources, in declaration order -> the
 backend's own service (LISTEN) -> completer -> heartbeats, cancel hints, rescuer, retention ->
-the outbox relay -> one executor per queue -> user code.
+the periodic scheduler -> the outbox relay -> one executor per queue -> user code.
 
 Shutdown reverses it, and every step is bounded:
 
-1. stop the outbox relay (its pass in flight rolls back, its rows stay), refuse new enqueues
-   (`RuntimeClosed`) and stop claiming: fetchers stop, idle workers exit;
+1. stop the outbox relay (its pass in flight rolls back, its rows stay) and the periodic
+   scheduler, refuse new enqueues (`RuntimeClosed`) and stop claiming: fetchers stop, idle
+   workers exit;
 2. wait up to `grace` seconds for running attempts to finish on their own;
 3. cancel what is still running, with the reason "shutdown": those attempts are *interrupted*,
    not failed -- the attempt is given back and the job is available again (on durable backends,
@@ -47,7 +48,7 @@ import logging
 import math
 import random
 from collections import abc
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 import attrs
@@ -64,17 +65,20 @@ from .backends import (
     JobsAvailable,
     Outbox,
     OutboxPublished,
+    LockStore,
+    ScheduleStore,
     open_backend,
 )
 from .client import Client, QueueStats
 from .config import RuntimeSettings
+from .coordination.locks import Locks, Release
 from .coordination.receipts import Receipts
 from .errors import ConfigError
 from .execution.attempt import AttemptRegistry, KindRunner
 from .execution.completer import Completer
 from .execution.executor import QueueExecutor
 from .execution.resources import check_replacements, open_resources
-from .infra.owner import open_owner
+from .infra.owner import TaskOwner, open_owner
 from .infra.runner import run_trio, watch_shutdown_signals
 from .infra.threads import ThreadBudget, current_budget
 from .infra.watchdog import watch_blocked_loop
@@ -82,6 +86,7 @@ from .services import ServiceSet
 from .services.backend import BackendService
 from .services.heartbeats import CancelHints, Heartbeats
 from .services.relay import Relay, Router
+from .services.periodic import PeriodicInfo, Scheduler
 from .services.rescuer import Rescuer
 from .services.retention import Retention
 
@@ -153,6 +158,22 @@ class Runtime(Client):
         if router.topics and isinstance(backend, Outbox):
             self.relay = Relay(backend, router, batch=settings.relay_batch, interval=settings.relay_interval)
         self.relay_service = ServiceSet([self.relay] if self.relay is not None else [])
+        schedules = list(app.periodic_schedules.values())
+        if schedules and not isinstance(backend, ScheduleStore):
+            raise ConfigError(
+                f"the app declares periodic schedules ({', '.join(s.name for s in schedules)}) but the backend "
+                f"{backend.url!r} cannot store them (it does not implement ScheduleStore)"
+            )
+        self.scheduler = (
+            Scheduler(backend, schedules, closing=lambda: self.closing)  # type: ignore[arg-type]
+            if schedules
+            else None
+        )
+        self.periodic_service = ServiceSet([self.scheduler] if self.scheduler is not None else [])
+        """Started after the other services, stopped first: when the shutdown begins, before
+        claiming stops (so no tick is enqueued once enqueues are refused)."""
+        self._task_owner: TaskOwner | None = None
+        self._locks = Locks(backend, lambda: self._task_owner) if isinstance(backend, LockStore) else None
         self.shutdown_requested = trio.Event()
         """Set when the service is asked to stop: at `nj.run`'s first signal and by
         `begin_shutdown` (so also when the runtime's shutdown begins). A server in `main` waits
@@ -164,6 +185,12 @@ class Runtime(Client):
         self._body_scope = trio.CancelScope()
         """Around the body of `open_runtime`: cancelled when a handler makes the process exit."""
         self._exit: BaseException | None = None
+
+    def workers_here(self) -> Mapping[str, tuple[int, int]]:
+        busy: dict[str, int] = {}
+        for attempt in self.attempts.values():
+            busy[attempt.job.queue] = busy.get(attempt.job.queue, 0) + 1
+        return {name: (ex.max_workers, busy.get(name, 0)) for name, ex in self.executors.items()}
 
     def __repr__(self) -> str:
         return f"<Runtime backend={self.backend.url!r} queues={sorted(self.executors)} closing={self.closing}>"
@@ -200,9 +227,39 @@ class Runtime(Client):
         does the rest. The outbox relay stops first: no job is made after this."""
         self.relay_service.stop()
         self.shutdown_requested.set()
+        self.periodic_service.stop()
         self.closing = True
         for executor in self.executors.values():
             executor.stop_claiming()
+
+    def _lock_store(self) -> Locks:
+        if self._locks is None:
+            raise ConfigError(f"the backend {self.backend.url!r} has no locks (it does not implement LockStore)")
+        return self._locks
+
+    def lock(self, name: str, *, ttl: float = 30.0, timeout: float = 10.0) -> AbstractAsyncContextManager[None]:
+        """``async with rt.lock(name, ttl=30, timeout=10):`` holds the lock `name` across every
+        process on the store for the block: waits up to `timeout` seconds for it (then
+        `LockTimeout`; `timeout=0` tries once), renews it every ``ttl / 3``, releases it when
+        the block ends. If a renewal fails before the hold expires, the block is cancelled
+        there and `LockLost` is raised: it never runs unlocked. A crashed holder's lock frees
+        itself `ttl` seconds after its last renewal (docs/locks.md)."""
+        return self._lock_store().hold(name, ttl, timeout)
+
+    async def try_lock(self, name: str, *, ttl: float = 30.0) -> tuple[bool, Release]:
+        """``acquired, release = await rt.try_lock(name, ttl=30)``: one try, never waits. When
+        acquired, the runtime renews the lock every ``ttl / 3`` until ``await release()``
+        (idempotent, and safe to call when not acquired); a lost hold is logged and sets
+        `release.lost` (there is no block to cancel: use `rt.lock(name, timeout=0)` for that)."""
+        return await self._lock_store().try_lock(name, ttl)
+
+    async def periodic(self) -> list[PeriodicInfo]:
+        """Every schedule the app declares (`App.periodic`), enabled or not: its name,
+        schedule, timezone, kind, last tick (enqueued by any process), the next tick this
+        runtime will enqueue, and the last tick's job and its state now."""
+        if self.scheduler is None:
+            return []
+        return await self.scheduler.describe()
 
     def skip_grace(self) -> None:
         """End the grace period now (or make the coming shutdown skip it): running attempts
@@ -281,6 +338,7 @@ class Runtime(Client):
                     ", ".join(f"job {i}" for i in unwritten) or "none pending",
                     extra={"event": "shutdown_unwritten", "job_ids": unwritten, "backend": self.backend.url},
                 )
+            self.periodic_service.stop()
             self.services.stop()
             self.backend_service.stop()
 
@@ -384,9 +442,12 @@ async def open_runtime(
                 resources_token = current_resources.set(opened)
                 stack.callback(current_resources.reset, resources_token)
                 owner = await stack.enter_async_context(open_owner("nursery_jobs.runtime"))
+                rt._task_owner = owner
+                stack.callback(setattr, rt, "_task_owner", None)
                 await rt.backend_service.start(owner)
                 await owner.start(rt.completer.run, name="completer")
                 await rt.services.start(owner)
+                await rt.periodic_service.start(owner)
                 await rt.relay_service.start(owner)
                 for name, executor in rt.executors.items():
                     await owner.start(executor.run, name=f"queue:{name}")

@@ -13,10 +13,54 @@ pytest_plugins = ["tests.timeouts", "nursery_jobs.pytest_plugin"]
 
 _AS_CTRL_C = (signal.SIGTERM, signal.SIGHUP)
 
+# xdist workers for `-n auto` (pyproject.toml's addopts). The suite mostly waits -- on
+# PostgreSQL, on worker and pytest subprocesses, on private clusters -- so more workers than the
+# two cores overlap those waits; past 4, on two cores, they only contend for CPU.
+WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """PYTEST_XDIST_AUTO_NUM_WORKERS, when set, wins (xdist's own hook reads it)."""
+    return None if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") else WORKERS
+
 
 def _as_ctrl_c(signum: int, frame: object) -> None:
     # Whatever handles Ctrl-C at this moment (Python's, or Trio's inside a run) handles it.
     os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The long tests (those that declare a time bound above the default: whole suites or
+    benchmarks in a subprocess) start first, one worker's share at a time: a long test left for
+    the end of a worker's share held the run's end by itself. xdist's worksteal hands each
+    worker a contiguous share of this order (and an idle worker steals from the tail of a busy
+    one), so the long tests are dealt to the heads of the shares; every worker computes the same
+    order, as xdist requires."""
+    if not config.getini("timeout"):
+        return  # a session without this suite's ini (a planted one): no default to compare with
+    default = float(config.getini("timeout"))
+
+    def declared_long(item: pytest.Item) -> bool:
+        marker = item.get_closest_marker("timeout")
+        bound = marker.args[0] if marker and marker.args else marker.kwargs.get("timeout") if marker else None
+        return bound is not None and float(bound) > default
+
+    long = [item for item in items if declared_long(item)]
+    if not long:
+        return
+    rest = [item for item in items if not declared_long(item)]
+    workers = max(1, int(getattr(config, "workerinput", {}).get("workercount", 1)))
+    heads: list[list[pytest.Item]] = [long[i::workers] for i in range(workers)]
+    ordered: list[pytest.Item] = []
+    left = len(items)
+    for i, head in enumerate(heads):
+        share = left // (workers - i)  # what worksteal sends this worker first
+        tail = max(0, share - len(head))
+        ordered += head + rest[:tail]
+        del rest[:tail]
+        left -= share
+    items[:] = ordered + rest
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -44,6 +88,14 @@ def pg_url():
         yield url
     finally:
         pgutil.drop_database(url)
+
+
+@pytest.fixture
+def no_other_sweeps():
+    """For a test that kills a run and checks what the sweep does to what it left: no other
+    test's, session's or run's sweep (tests/pgutil.py) runs while it does."""
+    with pgutil.no_other_sweeps():
+        yield
 
 
 @pytest.fixture

@@ -122,6 +122,11 @@ def _remove(root: Path, bindir: Path | None) -> None:
 
 def remove_leftovers(bindir: Path | None = None) -> list[Path]:
     """Stop and remove the clusters of earlier runs on this host whose owner is gone."""
+    with pgutil.sweeping():
+        return _remove_leftovers(bindir)
+
+
+def _remove_leftovers(bindir: Path | None) -> list[Path]:
     removed = []
     for root in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
         owner = root / "owner"

@@ -15,13 +15,26 @@ the tag names this boot and PID namespace, and that pid is no longer the process
 alone. An untagged one (made before the tags, or by the benchmarks: `nj_bench_<name>_<pid>`,
 benchmarks/pg_common.py) is dropped only if the server is on this host, its pid is not running
 here, and nobody is connected to it.
+
+Sweeps run at once: every session of the parallel suite (one per xdist worker, `nj_test_<worker
+pid>`) sweeps when it first needs its database, private clusters sweep when made
+(tests/pg_cluster.py), and other checkouts' runs on this host sweep too. A test that checks what
+a sweep does to a run it has just killed must not have another sweep do it first, so every sweep
+holds the host's sweep lock shared (`sweeping`) and such a test holds it alone
+(`no_other_sweeps`, the `no_other_sweeps` fixture of tests/conftest.py); the sweeps of that test
+and of its subprocesses go ahead under its hold.
 """
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import os
 import re
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -82,6 +95,60 @@ def _server_is_on_this_host() -> bool:
     return host in ("", "localhost", "::1") or host.startswith("127.") or host.startswith("/")
 
 
+# -- one sweep at a time, against a test that watches one --
+
+SWEEP_LOCK = Path(tempfile.gettempdir()) / f"nj_test_sweep_{os.getuid()}.lock"
+_SWEEP_HELD = "NJ_TEST_SWEEP_HELD"  # set while this process (and so its children) holds it alone
+_LOCK_BOUND = 300.0  # seconds; the tests that hold it alone take seconds each
+
+
+@contextmanager
+def _flock(kind: int) -> Iterator[None]:
+    fd = os.open(SWEEP_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + _LOCK_BOUND
+        while True:
+            try:
+                fcntl.flock(fd, kind | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the sweep lock {SWEEP_LOCK} was held for over {_LOCK_BOUND:g} s: a test holding it "
+                        "alone hung; end that run (or remove the file if no run is left)"
+                    ) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@contextmanager
+def sweeping() -> Iterator[None]:
+    """Held around every sweep: shared with other sweeps, never during a `no_other_sweeps`."""
+    if os.environ.get(_SWEEP_HELD):
+        yield  # a test of this process or its parent holds it alone: this sweep is that test's
+        return
+    with _flock(fcntl.LOCK_SH):
+        yield
+
+
+@contextmanager
+def no_other_sweeps() -> Iterator[None]:
+    """No sweep of another test, session or run on this host runs inside this block; those of
+    this process and the subprocesses it starts in the block do."""
+    with _flock(fcntl.LOCK_EX):
+        before = os.environ.get(_SWEEP_HELD)
+        os.environ[_SWEEP_HELD] = "1"
+        try:
+            yield
+        finally:
+            if before is None:
+                del os.environ[_SWEEP_HELD]
+            else:
+                os.environ[_SWEEP_HELD] = before
+
+
 # -- the session's database --
 
 
@@ -134,7 +201,12 @@ def _in_use(name: str) -> bool:
 
 def drop_leftovers() -> list[str]:
     """Drop the databases of earlier runs that are certainly ours and gone; return their names."""
-    dropped = []
+    with sweeping():
+        return _drop_leftovers()
+
+
+def _drop_leftovers() -> list[str]:
+    dropped: list[str] = []
     try:
         found = database_names()
     except psycopg.OperationalError:

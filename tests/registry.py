@@ -20,6 +20,8 @@ What a registration says (`TestBackend`):
 - on which `MockClock` autojump threshold its tests run (`autojump`): 0 for a backend that
   never waits on a thread or a socket, more for one whose queries run on threads (the clock must
   not jump while a query runs), None when virtual time does not apply at all (those tests skip);
+  a store may also say when an instance has a query in flight (`watch`), and the clock then
+  never jumps while it has, however long the query takes on a loaded machine;
 - how the property harness builds it (`harness`): one fresh, deterministic instance per
   Hypothesis example;
 - how to write a row as something other than the runtime would (`damage`), for the damaged-row
@@ -30,21 +32,25 @@ What a registration says (`TestBackend`):
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import itertools
 import os
 import sqlite3
-from typing import Any, Callable, ContextManager, Iterator
+import weakref
+from typing import Any, Callable, ContextManager, Iterator, TypeVar
 
 import attrs
 import pytest
 import trio
+import trio.testing
 
 import nursery_jobs as nj
 
-__all__ = ["Damage", "Store", "TestBackend", "all_backends", "get", "names", "register"]
+__all__ = ["Damage", "Store", "TestBackend", "all_backends", "get", "names", "query_aware_clock", "register", "watch"]
 
 ENV = "NJ_TEST_BACKENDS"
+B = TypeVar("B")
 
 
 @attrs.frozen
@@ -104,6 +110,96 @@ class TestBackend:
 
 
 _REGISTRY: dict[str, TestBackend] = {}
+
+
+# -- virtual time that waits for queries in flight --
+
+_IN_FLIGHT = pytest.StashKey[list[Callable[[], bool]]]()
+
+
+def watch(request: pytest.FixtureRequest, backend: B, in_flight: Callable[[B], bool]) -> None:
+    """Tell the test's `autojump_clock` how to see that `backend` has a query running (on a
+    thread, or waiting on its socket): it does not jump while one is. Held weakly, so the
+    backend (and the connections it holds) still goes when the test drops it."""
+    ref = weakref.ref(backend)
+    starting = _count_start_up(backend)
+
+    def busy() -> bool:
+        instance = ref()
+        return instance is not None and (starting[0] > 0 or in_flight(instance))
+
+    watched = request.node.stash.setdefault(_IN_FLIGHT, [])
+    watched.append(busy)
+    request.addfinalizer(watched.clear)
+    request.addfinalizer(lambda: _collect_if_alive(ref))
+
+
+def _count_start_up(backend: Any) -> list[int]:
+    """Count the instance's `open` calls and `serve` start-ups in progress: they connect and
+    check the schema on connections of their own, before the pool `in_flight` sees exists."""
+    starting = [0]
+    open_, serve = backend.open, backend.serve
+
+    async def counted_open() -> None:
+        starting[0] += 1
+        try:
+            await open_()
+        finally:
+            starting[0] -= 1
+
+    async def counted_serve(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        pending = [True]
+
+        def done() -> None:
+            if pending[0]:
+                pending[0] = False
+                starting[0] -= 1
+
+        class Status:
+            def started(self, value: Any = None) -> None:
+                done()
+                task_status.started(value)
+
+        starting[0] += 1
+        try:
+            await serve(task_status=Status())
+        finally:
+            done()
+
+    backend.open, backend.serve = counted_open, counted_serve
+    return starting
+
+
+def _collect_if_alive(ref: weakref.ref[Any]) -> None:
+    """A backend still alive after its test is held only by reference cycles (a traceback, a
+    task): collect it now, so its pooled connections close now. Left to the garbage
+    collector's own time, a worker held dozens, and four workers with other runs on the shared
+    server ran it out of connections ("too many clients")."""
+    if ref() is not None:
+        gc.collect()
+
+
+def query_aware_clock(autojump_threshold: float, in_flight: list[Callable[[], bool]]) -> trio.testing.MockClock:
+    """A `MockClock` whose autojump waits while a watched backend has a query in flight.
+
+    The threshold alone says "a query answers within this much real time": on a loaded machine
+    (parallel workers, other runs on two cores) a thread or a server can take longer, the
+    clock then jumped to the next deadline mid-query, and a test saw a 35 s round-trip bound or
+    a 3 s `move_on_after` expire during one insert. Trio's run loop calls the clock's
+    `_autojump` once it has been idle for the threshold; while a query runs, this one does not
+    jump, and the loop looks again after another threshold (or as soon as the answer wakes it).
+    MockClock is final, so the method is replaced on the instance (MockClock's own tests patch
+    its attributes the same way).
+    """
+    clock = trio.testing.MockClock(autojump_threshold=autojump_threshold)
+    jump = clock._autojump
+
+    def autojump_unless_a_query_runs() -> None:
+        if not any(busy() for busy in in_flight):
+            jump()
+
+    clock._autojump = autojump_unless_a_query_runs  # type: ignore[method-assign]
+    return clock
 
 
 def register(backend: TestBackend) -> TestBackend:
@@ -166,6 +262,7 @@ def _sqlite_store(request: pytest.FixtureRequest) -> Store:
         # One process: every wake-up is pushed in-process, so the cross-process poll only
         # costs real time per virtual second here (each poll is a thread hop before autojump).
         backend.poll_interval = 60.0
+        watch(request, backend, lambda b: b._limiter.borrowed_tokens > 0)  # a call on its thread
         return backend
 
     return Store(open_instance, shared=True)
@@ -238,9 +335,26 @@ def _postgres_store(request: pytest.FixtureRequest) -> Store:
     schema = pgutil.new_schema(url)
 
     def open_instance() -> nj.Backend:
-        return PostgresBackend(url, schema=schema, clock=trio.current_time, poll_interval=60.0)
+        backend = PostgresBackend(url, schema=schema, clock=trio.current_time, poll_interval=60.0)
+        watch(request, backend, _pool_in_use)
+        return backend
 
     return Store(open_instance, shared=True)
+
+
+def _pool_in_use(backend: Any) -> bool:
+    """A round trip runs on one of its pool's connections (a statement sent, its answer not
+    all read), or a connection is being opened (a slot taken, no connection handed out for it
+    yet). A connection merely checked out -- a caller's transaction, idle -- is not: virtual
+    time must go on while a test holds one."""
+    from psycopg.pq import TransactionStatus
+
+    pool = backend._pool
+    if pool is None:
+        return False
+    if pool.size - pool._slots.value > pool.checked_out:
+        return True
+    return any(conn.pgconn.transaction_status == TransactionStatus.ACTIVE for conn in list(pool._pids))
 
 
 def _postgres_harness(request: pytest.FixtureRequest) -> Callable[[], nj.Backend]:
@@ -337,13 +451,12 @@ def store(test_backend: TestBackend, request: pytest.FixtureRequest) -> Store:
 
 
 @pytest.fixture
-def autojump_clock(test_backend: TestBackend) -> Any:
-    """Virtual time (see `TestBackend.autojump`); skips on a backend that does not run on it."""
-    import trio.testing
-
+def autojump_clock(test_backend: TestBackend, request: pytest.FixtureRequest) -> Any:
+    """Virtual time (see `TestBackend.autojump`), never jumping while a query of the test's
+    backends runs (`watch`); skips on a backend that does not run on it."""
     if test_backend.autojump is None:
         pytest.skip(f"the {test_backend.name} backend does not run on Trio's virtual clock")
-    return trio.testing.MockClock(autojump_threshold=test_backend.autojump)
+    return query_aware_clock(test_backend.autojump, request.node.stash.setdefault(_IN_FLIGHT, []))
 
 
 @pytest.fixture

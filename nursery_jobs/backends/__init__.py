@@ -25,7 +25,10 @@ from .protocol import (
     OutboxPublished,
     Outcome,
     OutcomeKind,
+    LockStore,
     QueueCounts,
+    ScheduleState,
+    ScheduleStore,
     TransactionalEnqueue,
 )
 from .registry import open_backend, register
@@ -49,7 +52,10 @@ __all__ = [
     "OutboxPublished",
     "Outcome",
     "OutcomeKind",
+    "LockStore",
     "QueueCounts",
+    "ScheduleState",
+    "ScheduleStore",
     "TransactionalEnqueue",
     "open_backend",
     "register",

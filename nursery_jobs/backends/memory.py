@@ -6,6 +6,13 @@ them: priority descending, then `run_at`, then id) and jobs that wait for their 
 `version`, and an entry whose version no longer matches is dropped when it reaches the top.
 That keeps every operation O(log n) without searching heaps for a row to remove.
 
+Per-key limits (`transitions.admit`): a claim that meets a due job whose key is at its limit
+parks its heap entry under (key, limit) instead of putting it back, so later claims do not step
+over it again; whenever a job of that key leaves `running` (or a pending one is cancelled), the
+best parked entry of each (key, limit) goes back to the due heap, where the next claim weighs
+it against the key's other due jobs in claim order. One freed slot lets one more job of the key
+start, so one entry per freed slot is all that ever needs to come back.
+
 Its clock is `trio.current_time()`, so `MockClock` drives delays, retries and snoozes in tests.
 Arguments are kept as the JSON text the runtime encoded, and decoded again for every attempt,
 exactly as a durable backend would do.
@@ -21,6 +28,7 @@ import collections
 import heapq
 import itertools
 import math
+import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Mapping, Sequence
 
@@ -29,7 +37,7 @@ import trio
 from ..errors import ConfigError, JobNotFound
 from ..jobs import MAX_ERRORS_KEPT, Job, JobError, JobState, decode_args
 from .rows import rescue_message
-from .transitions import CancelAction, after_outcome, after_rescue, on_cancel
+from .transitions import CancelAction, admit, after_outcome, after_rescue, on_cancel
 from .protocol import (
     BackendEvent,
     CancelRequested,
@@ -47,6 +55,7 @@ from .protocol import (
     OutcomeKind,
     QueueCounts,
     Route,
+    ScheduleState,
 )
 
 _tuple_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
@@ -59,7 +68,7 @@ class _Row:
     __slots__ = (
         "id", "kind", "queue", "args_json", "state", "attempt", "max_attempts", "priority",
         "run_at", "created_at", "attempted_at", "finalized_at", "errors", "unique_key",
-        "cancel_requested", "version", "heartbeat_at", "failed", "interrupted",
+        "cancel_requested", "version", "heartbeat_at", "failed", "interrupted", "ckey", "climit",
     )  # fmt: skip
 
     def __init__(self, id: int, new: NewJob, now: float) -> None:
@@ -82,6 +91,8 @@ class _Row:
         self.heartbeat_at = 0.0
         self.failed = 0
         self.interrupted = 0
+        self.ckey = new.concurrency_key
+        self.climit = new.max_concurrent or 1
 
 
 class _QueueState:
@@ -134,16 +145,66 @@ class MemoryBackend:
         self._unique: dict[str, int] = {}
         self._listeners: list[Listener] = []
         self._running: set[int] = set()
+        self._key_running: dict[str, int] = {}
+        """Running jobs per concurrency key (keys with none are absent)."""
+        self._parked: dict[str, dict[int, list[tuple[int, float, int, int]]]] = {}
+        """key -> limit -> due-heap entries held back because the key was at that limit."""
         self._next_id = 1
         self._outbox: dict[int, tuple[str, str]] = {}
         """Outbox events not relayed yet, by id (in publish order)."""
         self._next_event = 1
+        self._schedules: dict[str, ScheduleState] = {}
+        self._locks: dict[str, tuple[str, float]] = {}
+        self._wall_offset: float | None = None
+        """Trio time minus Unix time, read once (`wall_offset`): the one mapping of wall-clock
+        `run_at`s onto this backend's clock, shared by every runtime on this instance."""
 
     def __repr__(self) -> str:
         return f"<MemoryBackend jobs={len(self._rows)}>"
 
     def now(self) -> float:
         return trio.current_time()
+
+    def wall_offset(self) -> float:
+        if self._wall_offset is None:
+            self._wall_offset = trio.current_time() - time.time()
+        return self._wall_offset
+
+    # -- ScheduleStore --
+
+    async def schedule_states(self, names: Sequence[str]) -> Mapping[str, ScheduleState]:
+        return {name: self._schedules[name] for name in names if name in self._schedules}
+
+    # -- LockStore --
+
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        now = self.now()
+        held = self._locks.get(name)
+        if held is not None and held[0] != owner and held[1] > now:
+            return False
+        self._locks[name] = (owner, now + ttl)
+        return True
+
+    async def renew_lock(self, name: str, owner: str, ttl: float) -> bool:
+        now = self.now()
+        held = self._locks.get(name)
+        if held is None or held[0] != owner or held[1] <= now:
+            return False
+        self._locks[name] = (owner, now + ttl)
+        return True
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        held = self._locks.get(name)
+        if held is not None and held[0] == owner:
+            del self._locks[name]
+
+    async def enqueue_tick(self, name: str, tick: float, job: NewJob) -> InsertResult | None:
+        state = self._schedules.get(name)
+        if state is not None and state.last_tick is not None and tick <= state.last_tick:
+            return None
+        (result,) = await self.insert_many([job])  # never yields: the two changes are one
+        self._schedules[name] = ScheduleState(tick, result.id)
+        return result
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -183,12 +244,41 @@ class MemoryBackend:
     def _move(self, row: _Row, q: _QueueState, state: JobState) -> None:
         if row.state is _R:
             self._running.discard(row.id)
+            if row.ckey is not None:
+                self._slot_freed(row.ckey)
         elif state is _R:
             self._running.add(row.id)
         q.counts[row.state] -= 1
         q.counts[state] += 1
         row.state = state
         row.version += 1
+
+    def _slot_freed(self, key: str) -> None:
+        """A job of `key` left `running`: its slot is free, so the best parked job of each of
+        the key's limits may start now; it goes back to the due heap."""
+        n = self._key_running[key] - 1
+        if n:
+            self._key_running[key] = n
+        else:
+            del self._key_running[key]
+        self._unpark(key)
+
+    def _unpark(self, key: str) -> None:
+        groups = self._parked.get(key)
+        if groups is None:
+            return
+        rows = self._rows
+        for limit, heap in list(groups.items()):
+            while heap:
+                entry = heapq.heappop(heap)
+                row = rows.get(entry[2])
+                if row is not None and row.version == entry[3]:
+                    heapq.heappush(self._q(row.queue).due, entry)
+                    break
+            if not heap:
+                del groups[limit]
+        if not groups:
+            del self._parked[key]
 
     def _push(self, row: _Row, q: _QueueState) -> None:
         if row.state is _A:
@@ -329,7 +419,7 @@ class MemoryBackend:
             self._store(jobs, self._admit(jobs), self.now())
         return len(claimed)
 
-    async def claim(self, queue: str, limit: int) -> ClaimResult:
+    async def claim(self, queue: str, limit: int, *, max_running: int | None = None) -> ClaimResult:
         now = self.now()
         q = self._q(queue)
         rows = self._rows
@@ -342,11 +432,21 @@ class MemoryBackend:
                 heapq.heappush(due, (-row.priority, row.run_at, row.id, row.version))
         claimed: list[ClaimedJob] = []
         counts, running = q.counts, self._running
+        if max_running is not None:
+            limit = min(limit, max_running - counts[_R])
         while due and len(claimed) < limit:
-            _, _, job_id, version = heapq.heappop(due)
+            entry = heapq.heappop(due)
+            job_id, version = entry[2], entry[3]
             row = rows[job_id]
             if row.version != version:
                 continue
+            key = row.ckey
+            if key is not None and not admit(((key, row.climit),), self._key_running, want=1):
+                # At its key's limit: parked until a job of the key leaves `running`.
+                heapq.heappush(self._parked.setdefault(key, {}).setdefault(row.climit, []), entry)
+                continue
+            if key is not None:
+                self._key_running[key] = self._key_running.get(key, 0) + 1
             counts[_A] -= 1  # _move, inlined: this loop runs once per job
             counts[_R] += 1
             row.state = _R
@@ -376,6 +476,8 @@ class MemoryBackend:
             q = self._q(row.queue)
             if out.kind is _COMPLETED and out.error is None:  # the common case: nothing else to decide
                 events.append(self._finalize(row, q, JobState.COMPLETED, now))
+                if row.ckey is not None:
+                    events.append(JobsAvailable(row.queue))  # its slot is free
                 continue
             nxt = after_outcome(
                 out.kind, cancel_requested=row.cancel_requested, has_error=out.error is not None, run_at=out.run_at, now=now
@@ -389,12 +491,19 @@ class MemoryBackend:
             row.attempt += nxt.attempt_delta
             if nxt.state.final:
                 events.append(self._finalize(row, q, nxt.state, now))
+                if row.ckey is not None:
+                    events.append(JobsAvailable(row.queue))  # its slot is free
                 continue
             assert nxt.run_at is not None
             row.run_at = nxt.run_at
             self._move(row, q, nxt.state)
             self._push(row, q)
-            events.append(JobsAvailable(row.queue) if nxt.state is _A else JobsAvailable(row.queue, nxt.run_at))
+            if nxt.state is _A:
+                events.append(JobsAvailable(row.queue))
+            else:
+                events.append(JobsAvailable(row.queue, nxt.run_at))
+                if row.ckey is not None:
+                    events.append(JobsAvailable(row.queue))  # its slot is free
         self._emit_all(events)
 
     async def cancel(self, job_id: int) -> JobState:
@@ -409,6 +518,8 @@ class MemoryBackend:
                 self._emit(CancelRequested(job_id))
             return _R
         self._emit(self._finalize(row, q, JobState.CANCELLED, self.now()))
+        if row.ckey is not None:
+            self._unpark(row.ckey)  # it may have been the entry a freed slot brought back
         return JobState.CANCELLED
 
     async def heartbeat(self, running: Sequence[tuple[int, int]]) -> HeartbeatResult:
@@ -443,6 +554,8 @@ class MemoryBackend:
             row.failed += nxt.failed
             if nxt.state.final:
                 events.append(self._finalize(row, q, nxt.state, now))
+                if row.ckey is not None:
+                    events.append(JobsAvailable(row.queue))  # its slot is free
             else:
                 assert nxt.run_at is not None
                 row.run_at = nxt.run_at

@@ -97,6 +97,7 @@ from .protocol import (
     Outcome,
     QueueCounts,
     Route,
+    ScheduleState,
 )
 from .rows import counts_from_rows, job_from_row
 from .transitions import sql_case
@@ -339,7 +340,7 @@ def migrate(conninfo: str, schema: str = "nursery_jobs") -> list[str]:
             for version, name, text in _migrations():
                 if version <= current:
                     continue
-                conn.execute(sql.SQL(text).format(schema=ident))
+                conn.execute(sql.SQL(text).format(schema=ident, schema_text=sql.Literal(schema)))
                 conn.execute(
                     sql.SQL("INSERT INTO {}.migrations (version, name) VALUES (%s, %s)").format(ident), (version, name)
                 )
@@ -393,6 +394,7 @@ class PostgresBackend:
         bounded client-side at this + `infra.pg.ROUND_TRIP_MARGIN` (`PgPool`)."""
         _check_statement_timeout("statement_timeout", self.statement_timeout)
         self._clock = clock
+        self._wall_offset: float | None = None
         self._listeners: list[Listener] = []
         self._pool: PgPool | None = None
         self._workers: int | None = None
@@ -429,6 +431,11 @@ class PostgresBackend:
 
     def now(self) -> float:
         return self._clock()
+
+    def wall_offset(self) -> float:
+        if self._wall_offset is None:
+            self._wall_offset = 0.0 if self._clock is time.time else self._clock() - time.time()
+        return self._wall_offset
 
     async def _run(
         self, fn: Callable[[TrioConnection], Awaitable[Any]], *, retry: bool = True, durable: bool = True
@@ -658,7 +665,8 @@ class PostgresBackend:
         if len(jobs) == 1:
             job = jobs[0]
             one = (job.kind, job.queue, job.args_json, "available" if run_ats[0] <= now else "scheduled",
-                   job.max_attempts, job.priority, run_ats[0], now, self._jobs_channel, job.queue)  # fmt: skip
+                   job.max_attempts, job.priority, run_ats[0], now, job.concurrency_key, job.max_concurrent,
+                   self._jobs_channel, job.queue)  # fmt: skip
             row = await s.one(self._q["insert_single"], one)
             assert row is not None
             return [InsertResult(row[0], False)]
@@ -673,6 +681,8 @@ class PostgresBackend:
             [j.max_attempts for j in jobs],
             [j.priority for j in jobs],
             run_ats,
+            [j.concurrency_key for j in jobs],
+            [j.max_concurrent for j in jobs],
             self._jobs_channel,
         )
         rows = await s.all(self._q["insert_many"], params)
@@ -697,7 +707,8 @@ class PostgresBackend:
             row = await s.one(
                 self._q["insert_one"],
                 (job.kind, job.queue, job.args_json, "available" if run_at <= now else "scheduled", job.max_attempts,
-                 job.priority, run_at, now, job.unique_key, self._jobs_channel, job.queue),
+                 job.priority, run_at, now, job.unique_key, job.concurrency_key, job.max_concurrent,
+                 self._jobs_channel, job.queue),
             )  # fmt: skip
             if row is not None:
                 return InsertResult(row[0], False)
@@ -718,21 +729,41 @@ class PostgresBackend:
                 due_later[job.queue] = min(run_at, due_later.get(job.queue, run_at))
         self._emit([JobsAvailable(q) for q in sorted(due_now)] + [JobsAvailable(q, d) for q, d in sorted(due_later.items())])
 
-    async def claim(self, queue: str, limit: int) -> ClaimResult:
+    async def claim(self, queue: str, limit: int, *, max_running: int | None = None) -> ClaimResult:
         if limit <= 0:
             return ClaimResult([], None)
         now = self.now()
-        q = self._q["claim"]
+        q, q_held = self._q["claim_limited" if max_running is not None else "claim"], self._q["claim_held"]
 
         async def body(conn: TrioConnection) -> ClaimResult:
-            rows = await _all(conn, q, {"now": now, "queue": queue, "limit": limit})
             next_due = None
-            jobs = []
-            for r in rows:
-                if r[0] is None:
-                    next_due = r[7]
-                else:
-                    jobs.append(r)
+            jobs: list[tuple[Any, ...]] = []
+            # The claim statement picks at most `want` jobs, and the limits may refuse some of
+            # them (several of one key), or a concurrent claim may have taken them (`lost`):
+            # then it looks again, and the next look passes over the keys now full, so a key's
+            # backlog never keeps the claim from other keys' jobs (no head-of-line blocking).
+            # That look reads past the full keys' due jobs: its cost grows with their backlog.
+            for _ in range(_CLAIM_LOOKS):
+                want = limit - len(jobs)
+                rows = await _all(conn, q, {"now": now, "queue": queue, "limit": want})
+                held: list[int] = []
+                for r in rows:
+                    if r[0] is None:
+                        next_due, held = r[7], r[8]
+                    else:
+                        jobs.append(r)
+                if not held:
+                    break
+                want = limit - len(jobs)
+                got = await _all(
+                    conn, q_held, {"ids": held, "queue": queue, "want": want, "max_running": max_running, "now": now}
+                )
+                taken = [r for r in got if r[0] is not None]
+                jobs += taken
+                if len(jobs) >= limit or len(taken) == len(held):
+                    break  # room filled, or every job held was claimed: nothing was passed over
+                if max_running is not None and not (got and got[0][8]):
+                    break  # the queue is full: nothing more may start
             jobs.sort(key=lambda r: (-r[6], r[7], r[0]))
             return ClaimResult([ClaimedJob(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in jobs], next_due)
 
@@ -756,14 +787,18 @@ class PostgresBackend:
         q = self._q["finish"]
         rows = await self._run(lambda c: _all(c, q, params))
         events: list[BackendEvent] = []
-        for job_id, queue, state, run_at, message in rows:
+        for job_id, queue, state, run_at, message, key in rows:
             st = _STATES[state]
             if st.final:
                 events.append(JobFinalized(job_id, st, message))
+                if key is not None:
+                    events.append(JobsAvailable(queue))  # its slot is free
             elif run_at <= now:
                 events.append(JobsAvailable(queue))
             else:
                 events.append(JobsAvailable(queue, run_at))
+                if key is not None:
+                    events.append(JobsAvailable(queue))  # its slot is free
         self._emit(events)
 
     async def _notify(self, ids: list[int], queues: list[str], kind: str) -> None:
@@ -823,13 +858,16 @@ class PostgresBackend:
         events: list[BackendEvent] = []
         finalized: list[int] = []
         queues: set[str] = set()
-        for job_id, queue, state, message in rows:
+        for job_id, queue, state, message, key in rows:
             if state == "available":
                 queues.add(queue)
                 events.append(JobsAvailable(queue))
             else:
                 finalized.append(job_id)
                 events.append(JobFinalized(job_id, JobState(state), message))
+                if key is not None:
+                    queues.add(queue)  # its slot is free
+                    events.append(JobsAvailable(queue))
         if rows:
             await self._notify(finalized, sorted(queues), "f")
         self._emit(events)
@@ -877,6 +915,47 @@ class PostgresBackend:
         return counts_from_rows(await self._run(count))
 
     # -- transactions --
+
+    # -- ScheduleStore --
+
+    async def schedule_states(self, names: Sequence[str]) -> Mapping[str, ScheduleState]:
+        q = self._q["schedule_states"]
+        rows = await self._run(lambda c: _all(c, q, (list(names),)))
+        return {name: ScheduleState(float(tick), job_id) for name, tick, job_id in rows}
+
+    # -- LockStore --
+
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        now = self.now()
+        q = self._q["acquire_lock"]
+        return await self._run(lambda c: _one(c, q, (name, owner, now + ttl, now)), retry=False) is not None
+
+    async def renew_lock(self, name: str, owner: str, ttl: float) -> bool:
+        now = self.now()
+        q = self._q["renew_lock"]
+        return await self._run(lambda c: _one(c, q, (now + ttl, name, owner, now))) is not None
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        q = self._q["release_lock"]
+        await self._run(lambda c: _exec(c, q, (name, owner)))
+
+    async def enqueue_tick(self, name: str, tick: float, job: NewJob) -> InsertResult | None:
+        now = self.now()
+        run_at = now if job.run_at is None or job.run_at < now else job.run_at
+
+        async def body(conn: TrioConnection) -> InsertResult | None:
+            async with conn.transaction():
+                if await _one(conn, self._q["advance_tick"], (name, tick)) is None:
+                    return None
+                (result,) = await self._insert(_TrioSession(conn), [job], [run_at], now)
+                if not result.existing:
+                    await _exec(conn, self._q["tick_job"], (result.id, name))
+                return result
+
+        result: InsertResult | None = await self._run(body, retry=False)
+        if result is not None:
+            self._emit_inserted([job], [run_at], [result], now)
+        return result
 
     def _transaction_slots(self) -> trio.Semaphore:
         """At most `pool_size - (workers + 2)` transactions open at once: the connections the
@@ -1243,13 +1322,15 @@ def _copy_text(ids: Sequence[int], jobs: Sequence[NewJob], run_ats: Sequence[flo
     tails: dict[tuple[Any, ...], str] = {}
     lines = []
     for job_id, job, run_at in zip(ids, jobs, run_ats):
-        key = (run_at, job.kind, job.queue, job.max_attempts, job.priority)
+        key = (run_at, job.kind, job.queue, job.max_attempts, job.priority, job.concurrency_key, job.max_concurrent)
         tail = tails.get(key)
         if tail is None:
             state = "available" if run_at <= now else "scheduled"
+            ckey = "\\N" if job.concurrency_key is None else job.concurrency_key.translate(_COPY_ESCAPES)
+            most = "\\N" if job.max_concurrent is None else str(int(job.max_concurrent))
             tail = tails[key] = "\t".join(
                 (repr(float(run_at)), job.kind.translate(_COPY_ESCAPES), job.queue.translate(_COPY_ESCAPES), state,
-                 str(int(job.max_attempts)), str(int(job.priority)), now_text)
+                 str(int(job.max_attempts)), str(int(job.priority)), now_text, ckey, most)
             ) + "\n"  # fmt: skip
         lines.append(f"{job_id}\t{job.args_json.translate(_COPY_ESCAPES)}\t{tail}")
     return "".join(lines)
@@ -1340,17 +1421,68 @@ _PROMOTE_AT_ONCE = 1000
 """A claim looks at (and makes `available`) at most this many scheduled/retryable jobs that
 came due, oldest first (see the claim statement)."""
 
+_CLAIM_LOOKS = 4
+"""Claim statements (each with its `claim_held`) one claim runs at most, when the limits refused
+jobs it picked: each look passes over the keys the looks before it filled."""
+
+_KEY_FREE = (
+    "(SELECT count(*) FROM {{s}}.jobs r WHERE r.state = 'running' AND r.concurrency_key = {t}.concurrency_key)"
+    " < coalesce({t}.max_concurrent, 1)"
+)
+"""A keyed job's key is below the job's limit, as the statement's snapshot sees it: the claim's
+scan passes over the others (a hint, read without the key's lock: `claim_held` decides)."""
+
 _KEEP_ERRORS = f"'$[last-{MAX_ERRORS_KEPT - 1} to last]'"
 """The jsonpath that keeps the last `MAX_ERRORS_KEPT` entries of a job's error list."""
+
+
+def _claim_sql(*, limited: bool) -> str:
+    """The claim statement (see the comment above `_QUERIES["claim"]`): without a global limit
+    the picked jobs with no key are claimed here and the keyed ones held for `claim_held`; with
+    one, every picked job is held."""
+    direct = (
+        " direct AS (SELECT id FROM pick WHERE false),"
+        if limited
+        else " direct AS (SELECT id FROM pick WHERE concurrency_key IS NULL),"
+    )
+    held = "  ARRAY(SELECT id FROM pick)" if limited else "  ARRAY(SELECT id FROM pick WHERE concurrency_key IS NOT NULL)"
+    return (
+        "WITH due AS (SELECT id, priority, run_at, concurrency_key, max_concurrent FROM {s}.jobs WHERE queue = %(queue)s"
+        "  AND state IN ('scheduled', 'retryable') AND run_at <= %(now)s"
+        "  ORDER BY run_at, id LIMIT " + str(_PROMOTE_AT_ONCE) + " FOR UPDATE SKIP LOCKED),"
+        " avail AS (SELECT id, priority, run_at, concurrency_key FROM {s}.jobs a WHERE queue = %(queue)s"
+        "  AND state = 'available' AND run_at <= %(now)s AND (a.concurrency_key IS NULL OR " + _KEY_FREE.format(t="a") + ")"
+        "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
+        " pick AS (SELECT id, concurrency_key FROM (SELECT * FROM avail UNION ALL"
+        "  SELECT id, priority, run_at, concurrency_key FROM due d"
+        "   WHERE d.concurrency_key IS NULL OR " + _KEY_FREE.format(t="d") + ") c"
+        "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s),"
+        + direct
+        + " promoted AS (UPDATE {s}.jobs SET state = 'available'"
+        "  WHERE id = ANY(ARRAY(SELECT id FROM due EXCEPT SELECT id FROM direct)) RETURNING 1),"
+        " claimed AS ("
+        " UPDATE {s}.jobs SET state = 'running', attempt = attempt + 1, attempted_at = %(now)s,"
+        "  heartbeat_at = %(now)s"
+        " WHERE id = ANY(ARRAY(SELECT id FROM direct))"
+        " RETURNING id, kind, queue, args, attempt, max_attempts, priority, run_at)"
+        " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, NULL::bigint[] FROM claimed"
+        " UNION ALL"
+        " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+        "  (SELECT min(run_at) FROM {s}.jobs WHERE queue = %(queue)s"
+        "   AND state IN ('scheduled', 'retryable') AND run_at > %(now)s),"
+        + held
+    )
 
 
 _QUERIES: dict[str, sql.SQL] = {
     "insert_many": sql.SQL(
         "WITH ins AS ("
-        " INSERT INTO {s}.jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at)"
-        " SELECT k, q, a, st, m, p, r, %s::float8"
-        " FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::int[], %s::int[], %s::float8[])"
-        "  WITH ORDINALITY AS t(k, q, a, st, m, p, r, ord) ORDER BY ord"
+        " INSERT INTO {s}.jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at,"
+        "  concurrency_key, max_concurrent)"
+        " SELECT k, q, a, st, m, p, r, %s::float8, ck, mc"
+        " FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::int[], %s::int[], %s::float8[],"
+        "  %s::text[], %s::int[])"
+        "  WITH ORDINALITY AS t(k, q, a, st, m, p, r, ck, mc, ord) ORDER BY ord"
         " RETURNING id, queue),"
         " notes AS (SELECT count(*) AS n FROM (SELECT DISTINCT queue FROM ins) d,"
         "  LATERAL (SELECT pg_notify(%s, d.queue)) x)"
@@ -1358,8 +1490,9 @@ _QUERIES: dict[str, sql.SQL] = {
     ),
     "insert_single": sql.SQL(
         "WITH ins AS ("
-        " INSERT INTO {s}.jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+        " INSERT INTO {s}.jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at,"
+        "  concurrency_key, max_concurrent)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
         " RETURNING id)"
         " SELECT id, pg_notify(%s, %s) FROM ins"
     ),
@@ -1374,17 +1507,38 @@ _QUERIES: dict[str, sql.SQL] = {
     ),
     # Columns in the order `_copy_text` writes them.
     "copy_in": sql.SQL(
-        "COPY {s}.jobs (id, args, run_at, kind, queue, state, max_attempts, priority, created_at) FROM STDIN"
+        "COPY {s}.jobs (id, args, run_at, kind, queue, state, max_attempts, priority, created_at,"
+        " concurrency_key, max_concurrent) FROM STDIN"
     ),
     "insert_one": sql.SQL(
         "WITH ins AS ("
-        " INSERT INTO {s}.jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at, unique_key)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        " INSERT INTO {s}.jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at, unique_key,"
+        "  concurrency_key, max_concurrent)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
         " ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL"
         "  AND state NOT IN ('completed', 'discarded', 'cancelled') DO NOTHING"
         " RETURNING id)"
         " SELECT id, (SELECT count(*) FROM (SELECT pg_notify(%s, %s)) x) FROM ins"
     ),
+    # Periodic schedules (migration 0008): the tick is taken only if later than the stored one;
+    # a concurrent upsert of the same tick waits for the row lock and then finds it taken.
+    "advance_tick": sql.SQL(
+        "INSERT INTO {s}.schedules AS sch (name, last_tick) VALUES (%s, %s) ON CONFLICT (name) DO UPDATE"
+        " SET last_tick = EXCLUDED.last_tick, last_job_id = NULL WHERE sch.last_tick < EXCLUDED.last_tick"
+        " RETURNING name"
+    ),
+    # Locks (migration 0008): a row per held lock, taken when free, expired or already ours.
+    "acquire_lock": sql.SQL(
+        "INSERT INTO {s}.locks AS l (name, owner, expires_at) VALUES (%s, %s, %s) ON CONFLICT (name) DO UPDATE"
+        " SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at"
+        " WHERE l.owner = EXCLUDED.owner OR l.expires_at <= %s RETURNING name"
+    ),
+    "renew_lock": sql.SQL(
+        "UPDATE {s}.locks SET expires_at = %s WHERE name = %s AND owner = %s AND expires_at > %s RETURNING name"
+    ),
+    "release_lock": sql.SQL("DELETE FROM {s}.locks WHERE name = %s AND owner = %s"),
+    "tick_job": sql.SQL("UPDATE {s}.schedules SET last_job_id = %s WHERE name = %s"),
+    "schedule_states": sql.SQL("SELECT name, last_tick, last_job_id FROM {s}.schedules WHERE name = ANY(%s)"),
     "find_unique": sql.SQL(
         "SELECT id FROM {s}.jobs WHERE unique_key = %s AND state NOT IN ('completed', 'discarded', 'cancelled')"
     ),
@@ -1403,27 +1557,19 @@ _QUERIES: dict[str, sql.SQL] = {
     # in the primary key and no join: as `id IN (SELECT ...)`, a generic plan made while the
     # table was empty (analyzed after a drain, or on a fresh deploy) joined the picked ids
     # against a full scan of the primary key, ~0.3 s per claim once 10,000 jobs had arrived.
-    "claim": sql.SQL(
-        "WITH due AS (SELECT id, priority, run_at FROM {s}.jobs WHERE queue = %(queue)s"
-        "  AND state IN ('scheduled', 'retryable') AND run_at <= %(now)s"
-        "  ORDER BY run_at, id LIMIT " + str(_PROMOTE_AT_ONCE) + " FOR UPDATE SKIP LOCKED),"
-        " avail AS (SELECT id, priority, run_at FROM {s}.jobs WHERE queue = %(queue)s"
-        "  AND state = 'available' AND run_at <= %(now)s"
-        "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
-        " pick AS (SELECT id FROM (SELECT * FROM avail UNION ALL SELECT * FROM due) c"
-        "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s),"
-        " promoted AS (UPDATE {s}.jobs SET state = 'available'"
-        "  WHERE id = ANY(ARRAY(SELECT id FROM due EXCEPT SELECT id FROM pick)) RETURNING 1),"
-        " claimed AS ("
-        " UPDATE {s}.jobs SET state = 'running', attempt = attempt + 1, attempted_at = %(now)s,"
-        "  heartbeat_at = %(now)s"
-        " WHERE id = ANY(ARRAY(SELECT id FROM pick))"
-        " RETURNING id, kind, queue, args, attempt, max_attempts, priority, run_at)"
-        " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at FROM claimed"
-        " UNION ALL"
-        " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
-        "  (SELECT min(run_at) FROM {s}.jobs WHERE queue = %(queue)s"
-        "   AND state IN ('scheduled', 'retryable') AND run_at > %(now)s)"
+    # Concurrency keys (migration 0006): both scans pass over a keyed job whose key is at its
+    # limit as this statement's snapshot sees it (`_KEY_FREE`, a probe of `jobs_running_key`), so
+    # a busy key holds back nothing behind it; keyed jobs picked are not claimed here but held
+    # (the last row's array) for `claim_held`, which decides under the keys' locks.
+    "claim": sql.SQL(_claim_sql(limited=False)),
+    # Under a queue's global limit: every job picked is held for `claim_held`, which counts the
+    # queue's running jobs under the queue's lock.
+    "claim_limited": sql.SQL(_claim_sql(limited=True)),
+    # The jobs the claim held back for the limits (keyed, or all under a global limit), claimed
+    # under the limits' locks (migration 0006).
+    "claim_held": sql.SQL(
+        "SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, lost"
+        " FROM {s}.claim_held(%(ids)s::bigint[], %(queue)s::text, %(want)s::int, %(max_running)s::int, %(now)s::float8)"
     ),
     # Rows by primary key, outcomes by key, and no join. The rows are found by `id = ANY(ids)`,
     # a lookup in the primary key, and each row's outcome is read from a jsonb object keyed by
@@ -1459,18 +1605,20 @@ _QUERIES: dict[str, sql.SQL] = {
         "  heartbeat_at = NULL"
         " WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running'"
         "  AND %(outcomes)s::jsonb ? (j.id::text || ':' || j.attempt::text)"
-        " RETURNING j.id, j.queue, j.state, j.run_at, j.errors -> -1 ->> 'message' AS message),"
+        " RETURNING j.id, j.queue, j.state, j.run_at, j.errors -> -1 ->> 'message' AS message, j.concurrency_key),"
         # Other processes learn of the batch in the same statement (and so at its commit): one
-        # NOTIFY per queue with jobs available again, and the finalized ids in payloads of at
-        # most 400 ids (NOTIFY payloads are limited to 8000 bytes).
-        " ready AS (SELECT count(*) AS n FROM (SELECT DISTINCT queue FROM upd WHERE state = 'available') a,"
+        # NOTIFY per queue with jobs available again (a keyed job's end frees its key's slot),
+        # and the finalized ids in payloads of at most 400 ids (NOTIFY payloads are limited to
+        # 8000 bytes).
+        " ready AS (SELECT count(*) AS n FROM (SELECT DISTINCT queue FROM upd"
+        "  WHERE state = 'available' OR concurrency_key IS NOT NULL) a,"
         "  LATERAL (SELECT pg_notify(%(jobs_channel)s, a.queue)) x),"
         " done AS (SELECT count(*) AS n FROM (SELECT string_agg(id::text, ',') AS ids FROM"
         "  (SELECT id, (row_number() OVER (ORDER BY id) - 1) / 400 AS g FROM upd"
         "   WHERE state IN ('completed', 'discarded', 'cancelled')) f GROUP BY g) b,"
         "  LATERAL (SELECT pg_notify(%(events_channel)s, 'f:' || b.ids)) x)"
         # (The two counts are one-time filters: they make both NOTIFY sets run, once.)
-        " SELECT id, queue, state, run_at, message FROM upd"
+        " SELECT id, queue, state, run_at, message, concurrency_key FROM upd"
         " WHERE (SELECT n FROM ready) >= 0 AND (SELECT n FROM done) >= 0"
     ),
     "cancel": sql.SQL(
@@ -1526,7 +1674,7 @@ _QUERIES: dict[str, sql.SQL] = {
         + "),"
         "  failed_attempts = j.failed_attempts + 1, heartbeat_at = NULL"
         " WHERE j.id = ANY(ARRAY(SELECT id FROM stale))"
-        " RETURNING j.id, j.queue, j.state, j.errors -> -1 ->> 'message'"
+        " RETURNING j.id, j.queue, j.state, j.errors -> -1 ->> 'message', j.concurrency_key"
     ),
     # Per state, the oldest final rows through jobs_finalized (state, finalized_at), then deleted
     # by primary key: no plan can scan the table for them, whatever it holds.

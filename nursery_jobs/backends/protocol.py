@@ -20,9 +20,14 @@ Capabilities:
   has a transaction of its own).
 - `Outbox`: events published in a transaction (or outside one) and relayed into jobs by
   claiming rows (`publish_tx`, `publish`, `relay`): memory, SQLite, PostgreSQL.
-- Coming capabilities (per-key leases, locks, admin queries for the CLI and the
-  dashboard) are protocols of their own beside these, so a backend without them still works
-  and says so by not implementing them.
+- `LockStore`: named locks with an owner token and an expiry (`rt.lock`, `rt.try_lock`).
+- `ScheduleStore`: periodic schedules' last ticks, and a tick's job enqueued exactly once
+  across processes (a conditional update of the schedule's row, in the insert's transaction).
+- Per-key and per-queue concurrency limits are part of `claim` (a job carries its key and
+  limit from `insert_many`; `claim` takes the queue's `max_running`): every backend enforces
+  them, since a backend that ignored them would break the guarantee silently.
+- Coming capabilities (admin queries for the CLI and the dashboard) are protocols of their own
+  beside these, so a backend without them still works and says so by not implementing them.
 
 Events are delivered to every listener, in order, synchronously, without blocking the backend.
 An event that comes from outside the process (a PostgreSQL notification, an SQLite wake-up
@@ -63,6 +68,9 @@ __all__ = [
     "OutcomeKind",
     "QueueCounts",
     "Route",
+    "LockStore",
+    "ScheduleState",
+    "ScheduleStore",
     "TransactionalEnqueue",
 ]
 
@@ -76,6 +84,11 @@ class NewJob(NamedTuple):  # a tuple: built once per job on the hot path, 3x che
     """None: available now (the backend's clock decides `now`)."""
     max_attempts: int
     unique_key: str | None = None
+    concurrency_key: str | None = None
+    """Jobs with one key run at most `max_concurrent` at a time, across every process."""
+    max_concurrent: int | None = None
+    """With a `concurrency_key`: how many jobs of that key may run at once (this job starts only
+    while fewer than this many are `running`). None without a key."""
 
 
 class InsertResult(NamedTuple):  # a tuple: built once per job on the hot path, 3x cheaper than attrs
@@ -191,6 +204,15 @@ class JobStore(Protocol):
         """The backend's clock, in seconds: every `run_at`, heartbeat and cutoff is on it."""
         ...
 
+    def wall_offset(self) -> float:
+        """Seconds to add to a Unix time to get the same instant on `now()`'s clock: 0.0 for a
+        clock that is Unix time (the durable backends' default). A clock that is not (Trio's,
+        on the memory backend or a test's durable one) is mapped by a pair of readings taken
+        once, at the first call, and kept for the backend's life: wall time on this backend
+        advances with its clock, so under `MockClock` a job scheduled an hour of wall time
+        ahead runs after an hour of virtual time. Never raises; constant for the backend."""
+        ...
+
     async def open(self) -> None:
         """Make the backend usable (connect, check the schema). Idempotent."""
         ...
@@ -219,14 +241,21 @@ class JobStore(Protocol):
         unknown): `BackendUnavailable` says so."""
         ...
 
-    async def claim(self, queue: str, limit: int) -> ClaimResult:
+    async def claim(self, queue: str, limit: int, *, max_running: int | None = None) -> ClaimResult:
         """Move up to `limit` due jobs of `queue` to `running`, highest priority first, then
         oldest `run_at`, then lowest id (a scheduled or retryable job whose `run_at` has come is
         due), count an attempt on each, set `attempted_at` and start its heartbeat at `now()`,
         and return them in that order, with the earliest `run_at` of the queue's pending jobs
         not due yet (None: there is none). Running and final rows, and other queues' rows, are
         never taken; `limit` 0 takes nothing. Atomic: concurrent claims (any process) never
-        return the same job. Emits nothing."""
+        return the same job. Emits nothing.
+
+        Limits (`transitions.admit` decides, in claim order): a job with a `concurrency_key` is
+        taken only while fewer than its `max_concurrent` jobs of that key are `running` (counted
+        with the ones this claim takes), and with `max_running` no job is taken once that many
+        jobs of `queue` are `running`. A job held back stays as it is (no attempt counted, no
+        write) and the claim goes on with the next due job, so a key at its limit never holds
+        back other keys. Exact under concurrent claims from any process."""
         ...
 
     async def finish_many(self, outcomes: Sequence[Outcome]) -> None:
@@ -263,7 +292,8 @@ class JobStore(Protocol):
         with no attempt left is discarded, one whose cancellation was requested is cancelled),
         with an error saying so (`rows.rescue_message`). Rows that are not `running` are left
         alone. Returns the rescued ids, ascending. Emits `JobsAvailable(queue)` /
-        `JobFinalized` for them. Concurrent rescues (any process) never rescue a job twice."""
+        `JobFinalized` for them (and `JobsAvailable(queue)` for a keyed job made final: its
+        slot is free). Concurrent rescues (any process) never rescue a job twice."""
         ...
 
     async def delete_finished(self, before: Mapping[JobState, float], limit: int) -> int:
@@ -390,4 +420,54 @@ class Outbox(Protocol):
         rows the pass claimed (the caller passes again while it is `limit`). Emits the inserted
         jobs' `JobsAvailable` after the commit. If `route` raises, or the pass is cancelled or
         its connection lost, nothing is inserted and no row deleted."""
+        ...
+
+
+class ScheduleState(NamedTuple):
+    last_tick: float | None
+    """The latest tick enqueued, as Unix time (None: never)."""
+    last_job_id: int | None
+    """The job that tick enqueued (None: never, or the tick's insert found its unique key held)."""
+
+
+@runtime_checkable
+class ScheduleStore(Protocol):
+    """Periodic schedules (`App.periodic`): one row per schedule name, holding its last tick as
+    Unix time (``now() - wall_offset()`` when it was due). No leader: every process's scheduler
+    calls `enqueue_tick`, and the row decides."""
+
+    async def schedule_states(self, names: Sequence[str]) -> Mapping[str, ScheduleState]:
+        """The stored state of each of `names` that has one (a schedule never ticked is absent).
+        Emits nothing."""
+        ...
+
+    async def enqueue_tick(self, name: str, tick: float, job: NewJob) -> InsertResult | None:
+        """If `tick` is later than the schedule's last tick, or it has none: in one
+        transaction, make `tick` its last tick, insert `job` as `insert_many` would (events
+        included, after the commit) and record the job's id; return the insert's result.
+        Otherwise change nothing and return None. So of any number of calls for one tick, from
+        any process, exactly one returns a result, and a schedule's ticks only move forward.
+        Cancel-atomic like `insert_many`; not retried on a lost connection."""
+        ...
+
+
+@runtime_checkable
+class LockStore(Protocol):
+    """Named locks: a row per held lock with its owner's token and an expiry on the backend's
+    clock (`now()`), so a crashed holder's lock frees itself after its ttl, whatever happened to
+    its connections. Every method is one short statement; none waits for a lock to be free."""
+
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        """Hold `name` for `owner` until ``now() + ttl`` if it is free, expired, or `owner`'s
+        already (then extended); True if `owner` holds it now. Of concurrent calls (any process)
+        for a free lock, exactly one returns True."""
+        ...
+
+    async def renew_lock(self, name: str, owner: str, ttl: float) -> bool:
+        """Extend `owner`'s hold on `name` to ``now() + ttl`` if `owner` holds it and it has not
+        expired; False otherwise (the hold is lost: it expired, and may be another's)."""
+        ...
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        """Free `name` if `owner` holds it (expired or not); nothing otherwise. Idempotent."""
         ...

@@ -38,7 +38,7 @@ import os
 import sqlite3
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable, ClassVar, Iterable, Mapping, Sequence
+from typing import Any, AsyncIterator, Callable, ClassVar, Iterable, Iterator, Mapping, Sequence
 from urllib.parse import parse_qs
 
 import trio
@@ -63,8 +63,9 @@ from .protocol import (
     Outcome,
     QueueCounts,
     Route,
+    ScheduleState,
 )
-from .transitions import CancelAction, after_outcome, after_rescue, on_cancel
+from .transitions import CancelAction, admit, after_outcome, after_rescue, on_cancel
 from .rows import (
     SET_ASIDE_COLUMNS,
     STATES,
@@ -82,7 +83,9 @@ __all__ = ["SqliteBackend", "SqliteCursor", "SqliteTransaction"]
 
 log = logging.getLogger("nursery_jobs")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2 added the concurrency key and its limit (`_UPGRADE_2`: a version-1 file is upgraded in
+place when opened)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS nj_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -104,7 +107,9 @@ CREATE TABLE IF NOT EXISTS nj_jobs (
     failed_attempts INTEGER NOT NULL DEFAULT 0,
     interrupted INTEGER NOT NULL DEFAULT 0,
     unique_key TEXT,
-    cancel_requested INTEGER NOT NULL DEFAULT 0
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    concurrency_key TEXT,
+    max_concurrent INTEGER
 );
 -- Claim order, over claimable rows only, so claim cost does not grow with finished rows.
 CREATE INDEX IF NOT EXISTS nj_jobs_claim ON nj_jobs (queue, priority DESC, run_at, id)
@@ -127,7 +132,21 @@ CREATE TABLE IF NOT EXISTS nj_outbox (
     created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS nj_outbox_topic ON nj_outbox (topic, id);
+-- Periodic schedules: each one's last enqueued tick (Unix time) and that tick's job.
+CREATE TABLE IF NOT EXISTS nj_schedules (name TEXT PRIMARY KEY, last_tick REAL NOT NULL, last_job_id INTEGER);
+-- Named locks (rt.lock): the holder's token and its expiry on the backend's clock.
+CREATE TABLE IF NOT EXISTS nj_locks (name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_at REAL NOT NULL);
 """
+
+_UPGRADE_2 = (
+    "ALTER TABLE nj_jobs ADD COLUMN concurrency_key TEXT",
+    "ALTER TABLE nj_jobs ADD COLUMN max_concurrent INTEGER",
+)
+_KEY_INDEX = (
+    # The running jobs of a concurrency key, counted by every claim that meets the key.
+    "CREATE INDEX IF NOT EXISTS nj_jobs_running_key ON nj_jobs (concurrency_key)"
+    " WHERE state = 'running' AND concurrency_key IS NOT NULL"
+)
 
 _PENDING = "('available', 'scheduled', 'retryable')"
 _IDS_PER_STATEMENT = 500
@@ -135,6 +154,25 @@ _IDS_PER_STATEMENT = 500
 _FINAL = ("completed", "discarded", "cancelled")
 _SYNC_MODES = {"full": "FULL", "normal": "NORMAL"}
 _WAKE_MODES = {"on": True, "off": False}
+
+
+class _RunningByKey(Mapping[str, int]):
+    """The running jobs of each concurrency key, read when `admit` first asks for a key."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def __getitem__(self, key: str) -> int:
+        row = self._conn.execute(
+            "SELECT count(*) FROM nj_jobs WHERE state = 'running' AND concurrency_key = ?", (key,)
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
 
 
 def parse_sqlite_url(url: str) -> tuple[str, str, bool]:
@@ -267,6 +305,7 @@ class SqliteBackend:
         self.url = f"sqlite:///{path}"
         self._synchronous = synchronous
         self._clock = clock
+        self._wall_offset: float | None = None
         self._busy_timeout = busy_timeout
         self.outage_timeout = outage_timeout
         self._conn: sqlite3.Connection | None = None
@@ -288,6 +327,11 @@ class SqliteBackend:
 
     def now(self) -> float:
         return self._clock()
+
+    def wall_offset(self) -> float:
+        if self._wall_offset is None:
+            self._wall_offset = 0.0 if self._clock is time.time else self._clock() - time.time()
+        return self._wall_offset
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -435,6 +479,7 @@ class SqliteBackend:
                 conn.execute(
                     "INSERT OR IGNORE INTO nj_meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
                 )
+                self._upgrade(conn)
                 break
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) or time.monotonic() > deadline:
@@ -449,6 +494,25 @@ class SqliteBackend:
                 f"{SCHEMA_VERSION}; use a matching nursery_jobs version or a new file"
             )
         return conn
+
+    @staticmethod
+    def _upgrade(conn: sqlite3.Connection) -> None:
+        """Bring a version-1 file to version 2, in one write transaction (another process may be
+        opening the same file): the two columns of the concurrency key, then its index."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            (version,) = conn.execute("SELECT value FROM nj_meta WHERE key = 'schema_version'").fetchone()
+            if version == "1":
+                for statement in _UPGRADE_2:
+                    conn.execute(statement)
+                conn.execute("UPDATE nj_meta SET value = '2' WHERE key = 'schema_version'")
+            if version in ("1", "2"):
+                conn.execute(_KEY_INDEX)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if self._wake is None:
@@ -552,12 +616,13 @@ class SqliteBackend:
             run_at = now if new.run_at is None or new.run_at < now else new.run_at
             state = "available" if run_at <= now else "scheduled"
             row = conn.execute(
-                "INSERT INTO nj_jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at, unique_key)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                "INSERT INTO nj_jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at, unique_key,"
+                " concurrency_key, max_concurrent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL"
                 " AND state NOT IN ('completed', 'discarded', 'cancelled') DO NOTHING RETURNING id",
-                (new.kind, new.queue, new.args_json, state, new.max_attempts, new.priority, run_at, now, new.unique_key),
-            ).fetchone()
+                (new.kind, new.queue, new.args_json, state, new.max_attempts, new.priority, run_at, now, new.unique_key,
+                 new.concurrency_key, new.max_concurrent),
+            ).fetchone()  # fmt: skip
             if row is None:
                 (existing,) = conn.execute(
                     "SELECT id FROM nj_jobs WHERE unique_key = ? AND state NOT IN ('completed', 'discarded', 'cancelled')",
@@ -579,10 +644,11 @@ class SqliteBackend:
         for new in jobs:
             run_at = now if new.run_at is None or new.run_at < now else new.run_at
             state = "available" if run_at <= now else "scheduled"
-            rows.append((new.kind, new.queue, new.args_json, state, new.max_attempts, new.priority, run_at, now))
+            rows.append((new.kind, new.queue, new.args_json, state, new.max_attempts, new.priority, run_at, now,
+                         new.concurrency_key, new.max_concurrent))  # fmt: skip
         conn.executemany(
-            "INSERT INTO nj_jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO nj_jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at,"
+            " concurrency_key, max_concurrent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             rows,
         )
         ids = [r[0] for r in conn.execute("SELECT id FROM nj_jobs WHERE id > ? ORDER BY id", (before,))]
@@ -720,17 +786,45 @@ class SqliteBackend:
             raise
         return result
 
-    async def claim(self, queue: str, limit: int) -> ClaimResult:
+    async def claim(self, queue: str, limit: int, *, max_running: int | None = None) -> ClaimResult:
         now = self.now()
 
         def body(conn: sqlite3.Connection) -> tuple[ClaimResult, list[BackendEvent]]:
-            rows = conn.execute(
-                "UPDATE nj_jobs SET state = 'running', attempt = attempt + 1, attempted_at = ?1, heartbeat_at = ?1"
-                f" WHERE id IN (SELECT id FROM nj_jobs WHERE queue = ?2 AND state IN {_PENDING} AND run_at <= ?1"
-                "   ORDER BY priority DESC, run_at, id LIMIT ?3)"
-                " RETURNING id, kind, queue, args, attempt, max_attempts, priority, run_at",
-                (now, queue, limit),
-            ).fetchall()
+            # The due jobs in claim order, read lazily: `transitions.admit` takes them one by
+            # one and stops at `limit`. Keys at their limit are passed over in the scan itself;
+            # `admit` counts the jobs of one key this claim takes. SQLite has one writer, and
+            # this runs under its write lock (BEGIN IMMEDIATE): the counts are exact.
+            queue_running = 0
+            if max_running is not None:
+                (queue_running,) = conn.execute(
+                    "SELECT count(*) FROM nj_jobs WHERE queue = ? AND state = 'running'", (queue,)
+                ).fetchone()
+            cur = conn.execute(
+                f"SELECT id, concurrency_key, max_concurrent FROM nj_jobs j WHERE queue = ?2 AND state IN {_PENDING}"
+                "  AND run_at <= ?1 AND (concurrency_key IS NULL OR (SELECT count(*) FROM nj_jobs r"
+                "   WHERE r.state = 'running' AND r.concurrency_key = j.concurrency_key) < coalesce(j.max_concurrent, 1))"
+                " ORDER BY priority DESC, run_at, id",
+                (now, queue),
+            )
+            seen: list[int] = []
+
+            def candidates() -> Any:
+                for job_id, key, most in cur:
+                    seen.append(job_id)
+                    yield (None if key is None else str(key)), (most if isinstance(most, int) and most >= 1 else 1)
+
+            picked = admit(candidates(), _RunningByKey(conn), want=limit, queue_running=queue_running, max_running=max_running)
+            cur.close()
+            ids = [seen[i] for i in picked]
+            rows = []
+            for i in range(0, len(ids), _IDS_PER_STATEMENT):
+                chunk = ids[i : i + _IDS_PER_STATEMENT]
+                rows += conn.execute(
+                    "UPDATE nj_jobs SET state = 'running', attempt = attempt + 1, attempted_at = ?, heartbeat_at = ?"
+                    f" WHERE id IN ({','.join('?' * len(chunk))})"
+                    " RETURNING id, kind, queue, args, attempt, max_attempts, priority, run_at",
+                    (now, now, *chunk),
+                ).fetchall()
             events: list[BackendEvent] = []
             claimed: list[tuple[ClaimedJob, Any]] = []
             for r in rows:
@@ -815,7 +909,7 @@ class SqliteBackend:
             for i in range(0, len(ids), _IDS_PER_STATEMENT):
                 chunk = ids[i : i + _IDS_PER_STATEMENT]
                 for row in conn.execute(
-                    "SELECT id, queue, state, attempt, cancel_requested, errors FROM nj_jobs"
+                    "SELECT id, queue, state, attempt, cancel_requested, errors, concurrency_key FROM nj_jobs"
                     f" WHERE id IN ({','.join('?' * len(chunk))})",
                     chunk,
                 ):
@@ -827,10 +921,10 @@ class SqliteBackend:
                 row = current.get(out.job_id)
                 if row is None:
                     continue
-                queue, state, attempt, cancel_requested, errors_json = row
+                queue, state, attempt, cancel_requested, errors_json, key = row
                 if state != "running" or attempt != out.attempt:
                     continue  # stale: the job moved on without this worker
-                current[out.job_id] = (queue, "done", attempt, cancel_requested, errors_json)  # once per batch
+                current[out.job_id] = (queue, "done", attempt, cancel_requested, errors_json, key)  # once per batch
                 errors, _ = read_errors(errors_json)
                 if out.error is not None:
                     e = out.error
@@ -847,12 +941,16 @@ class SqliteBackend:
                 if nxt.state.final:
                     finals.append((nxt.state.value, now, errors_text, nxt.failed, out.job_id))
                     events.append(JobFinalized(out.job_id, nxt.state, errors[-1]["message"] if errors else None))
+                    if key is not None:
+                        events.append(JobsAvailable(queue))  # its slot is free
                     continue
                 assert nxt.run_at is not None
                 again.append(
                     (nxt.state.value, -nxt.attempt_delta, nxt.run_at, errors_text, nxt.failed, nxt.interrupted, out.job_id)
                 )
                 events.append(JobsAvailable(queue, None if nxt.state is JobState.AVAILABLE else nxt.run_at))
+                if key is not None and nxt.state is not JobState.AVAILABLE:
+                    events.append(JobsAvailable(queue))  # its slot is free
             if finals:
                 conn.executemany(
                     "UPDATE nj_jobs SET state = ?, finalized_at = ?, errors = ?, failed_attempts = failed_attempts + ?,"
@@ -925,13 +1023,13 @@ class SqliteBackend:
             # A running row with no readable heartbeat (NULL, or text written by hand) is stale
             # too: otherwise it would stay running for ever.
             rows = conn.execute(
-                "SELECT id, queue, attempt, max_attempts, heartbeat_at, errors, cancel_requested FROM nj_jobs"
+                "SELECT id, queue, attempt, max_attempts, heartbeat_at, errors, cancel_requested, concurrency_key FROM nj_jobs"
                 " WHERE state = 'running' AND (heartbeat_at < ? OR heartbeat_at IS NULL"
                 "  OR typeof(heartbeat_at) NOT IN ('integer', 'real')) ORDER BY id",
                 (stale_before,),
             ).fetchall()
             events: list[BackendEvent] = []
-            for job_id, queue, attempt, max_attempts, beat, errors_json, cancel_requested in rows:
+            for job_id, queue, attempt, max_attempts, beat, errors_json, cancel_requested, key in rows:
                 if not (isinstance(attempt, int) and isinstance(max_attempts, int) and isinstance(queue, str)):
                     damage = [
                         Damage(column, value, expected)
@@ -958,6 +1056,8 @@ class SqliteBackend:
                         (nxt.state.value, now, json.dumps(errors), nxt.failed, job_id),
                     )
                     events.append(JobFinalized(job_id, nxt.state, message))
+                    if key is not None:
+                        events.append(JobsAvailable(queue))  # its slot is free
                 else:
                     conn.execute(
                         "UPDATE nj_jobs SET state = ?, run_at = ?, errors = ?,"
@@ -1057,3 +1157,84 @@ class SqliteBackend:
             self._emit(await self._call(self._tx, set_aside))
             rows = await self._call(body)
         return counts_from_rows(rows)
+
+    # -- ScheduleStore --
+
+    async def schedule_states(self, names: Sequence[str]) -> Mapping[str, ScheduleState]:
+        wanted = list(names)
+
+        def body() -> Any:
+            assert self._conn is not None
+            return self._conn.execute("SELECT name, last_tick, last_job_id FROM nj_schedules").fetchall()
+
+        out: dict[str, ScheduleState] = {}
+        for name, tick, job_id in await self._call(body):
+            if name in wanted:  # a value another writer left that is not a number reads as none
+                out[name] = ScheduleState(
+                    float(tick) if isinstance(tick, (int, float)) else None,
+                    job_id if isinstance(job_id, int) else None,
+                )
+        return out
+
+    # -- LockStore --
+
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        now = self.now()
+
+        def body(conn: sqlite3.Connection) -> bool:
+            # An expiry that is not a number (written by someone else) counts as expired.
+            row = conn.execute(
+                "INSERT INTO nj_locks (name, owner, expires_at) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE"
+                " SET owner = excluded.owner, expires_at = excluded.expires_at"
+                " WHERE nj_locks.owner = excluded.owner OR typeof(nj_locks.expires_at) NOT IN ('real', 'integer')"
+                " OR nj_locks.expires_at <= ? RETURNING name",
+                (name, owner, now + ttl, now),
+            ).fetchone()
+            return row is not None
+
+        held: bool = await self._call(self._tx, body)
+        return held
+
+    async def renew_lock(self, name: str, owner: str, ttl: float) -> bool:
+        now = self.now()
+
+        def body(conn: sqlite3.Connection) -> bool:
+            row = conn.execute(
+                "UPDATE nj_locks SET expires_at = ? WHERE name = ? AND owner = ? AND expires_at > ? RETURNING name",
+                (now + ttl, name, owner, now),
+            ).fetchone()
+            return row is not None
+
+        held: bool = await self._call(self._tx, body)
+        return held
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        def body(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM nj_locks WHERE name = ? AND owner = ?", (name, owner))
+
+        await self._call(self._tx, body)
+
+    async def enqueue_tick(self, name: str, tick: float, job: NewJob) -> InsertResult | None:
+        now = self.now()
+
+        def body(conn: sqlite3.Connection) -> InsertResult | None:
+            # The write lock is ours (BEGIN IMMEDIATE): the row's check and the insert are one.
+            # A last tick that is not a number (written by someone else) is replaced.
+            advanced = conn.execute(
+                "INSERT INTO nj_schedules (name, last_tick) VALUES (?, ?) ON CONFLICT (name) DO UPDATE"
+                " SET last_tick = excluded.last_tick, last_job_id = NULL"
+                " WHERE typeof(nj_schedules.last_tick) NOT IN ('real', 'integer')"
+                " OR nj_schedules.last_tick < excluded.last_tick RETURNING name",
+                (name, tick),
+            ).fetchone()
+            if advanced is None:
+                return None
+            (result,) = self._insert_rows(conn, [job], now)  # as insert_many stores it
+            if not result.existing:
+                conn.execute("UPDATE nj_schedules SET last_job_id = ? WHERE name = ?", (result.id, name))
+            return result
+
+        result: InsertResult | None = await self._call(self._tx, body)
+        if result is not None:
+            self._emit(_inserted_events([job], [result], now))
+        return result

@@ -17,6 +17,12 @@ decided here, once:
   failed (the worker may have done part of the work), a job with no attempt left is discarded,
   a job whose cancellation was requested ends cancelled.
 - `on_cancel` says what `cancel` does in each state.
+- `admit` says which due jobs a claim may start under the per-key and per-queue limits: the
+  one decision "may this job start", which every backend takes inside its claim (memory and
+  SQLite call it on the candidates in claim order; PostgreSQL runs the same rule as SQL under
+  per-key locks, `pg_migrations/0006_concurrency_keys.sql`). A job's slot is its `running`
+  row: there is no other record to free, so a job that leaves `running` by any transition
+  above (an outcome, a rescue) frees it in the same write.
 
 The memory and SQLite backends call these functions per row. PostgreSQL writes a whole batch in
 one statement, so its SQL is *generated* from `OUTCOME_TABLE` (`sql_case`), and the contract
@@ -29,7 +35,7 @@ Every value here is a plain tuple or enum: a transition is computed per job on t
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
+from typing import Iterable, Mapping, NamedTuple
 
 from ..jobs import JobState
 
@@ -40,6 +46,7 @@ __all__ = [
     "OUTCOME_TABLE",
     "OutcomeKind",
     "Rule",
+    "admit",
     "after_outcome",
     "after_rescue",
     "on_cancel",
@@ -171,6 +178,43 @@ def on_cancel(state: JobState) -> CancelAction:
     if state is JobState.RUNNING:
         return CancelAction.REQUEST
     return CancelAction.CANCEL
+
+
+def admit(
+    candidates: Iterable[tuple[str | None, int | None]],
+    running: Mapping[str, int],
+    *,
+    want: int,
+    queue_running: int = 0,
+    max_running: int | None = None,
+) -> list[int]:
+    """Which candidates a claim starts: their indexes, ascending.
+
+    `candidates` are due jobs in claim order, each as (concurrency key, its `max_concurrent`);
+    `running` counts the `running` jobs of each key (a key absent: none), `queue_running` those
+    of the queue, when `max_running` (the queue's `global_max_workers`) is set. A candidate
+    starts if fewer than its own limit of its key's jobs run, counting the ones started before
+    it in this claim, and fewer than `max_running` of the queue's; a candidate held back is
+    skipped (it stays pending, no attempt is spent) and the next one is considered, so a full
+    key never holds back another. At most `want` start. Reads `candidates` lazily and stops
+    as soon as `want` started or the queue is full."""
+    started: list[int] = []
+    if want <= 0 or (max_running is not None and queue_running >= max_running):
+        return started
+    room = want if max_running is None else min(want, max_running - queue_running)
+    taken: dict[str, int] = {}
+    for i, (key, limit) in enumerate(candidates):
+        if key is not None:
+            n = taken.get(key)
+            if n is None:
+                n = running.get(key, 0)
+            if n >= (limit or 1):
+                continue
+            taken[key] = n + 1
+        started.append(i)
+        if len(started) >= room:
+            break
+    return started
 
 
 def sql_case(column: str, *, kind: str = "o.kind", cancel: str = "j.cancel_requested") -> str:

@@ -281,7 +281,7 @@ def enqueue(
         async def insert() -> tuple[int, bool, str | None]:
             await store.open()
             try:
-                new = job_kind.new_job(args, opts, store.now())
+                new = job_kind.new_job(args, opts, store.now(), store.wall_offset())
                 [(job_id, existing)] = await store.insert_many([new])
                 return job_id, existing, new.unique_key
             finally:

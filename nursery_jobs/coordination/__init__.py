@@ -1,2 +1,2 @@
 """Coordination between requests and jobs: receipt waiters (`receipts`), bounded in-request
-waiting for a job's outcome. Leases and locks will live here too."""
+waiting for a job's outcome, and named locks across processes (`locks`). Leases will live here too."""

@@ -16,9 +16,27 @@ hung queue starve the others. Instead each queue owns:
   wake-up that lands while a claim is in flight triggers another claim: there is no cooldown that
   can drop an insert. When nothing is due the fetcher sleeps until the earliest scheduled
   `run_at` the backend reported, a wake-up, or a free worker.
+- claim ahead: a claim answers after a round trip, and a worker that waits for it idles. So
+  the fetcher also claims for workers that are still running: up to `prefetch` jobs (one per
+  worker, at most `PREFETCH_MAX`) wait in the queue's `_held` list, and a worker that ends an
+  attempt takes its next job from there with no round trip and no hand-off. The fetcher claims
+  again once the list is down to half (`_low_water`), while the workers run what is left, so
+  the claim overlaps the running instead of following it, and a claim takes half a prefetch at
+  least. It claims ahead only when it is worth it: on a backend whose claim is a round trip
+  (not `never_yields`), for a queue of more than one worker (a queue of one worker starts its
+  jobs in the strict order the docs promise), and while the attempts that ended since the
+  last claim took at most half of `HOLD_BOUND` on average, so a queue of long jobs holds
+  nothing. A held job is `running` in the backend: it is in the attempt registry from
+  the moment it is claimed (so the heartbeats renew it, and a cancel request or a lost claim
+  reaches it before it starts, which then starts nothing), its timeout starts when a worker
+  starts it, and one that no worker took within `HOLD_BOUND` is given back (interrupted:
+  available at once, attempt and all). Shutdown gives every held job back the same way, at once.
+  The price is order: a job that becomes due after a claim ahead starts after the held ones
+  (docs/guarantees.md, "Ordering"); `app.queue(..., claim_ahead=False)` turns it off.
 - backpressure: an outcome not written yet is a job still `running` in the backend, so the
   fetcher stops claiming while more than `outcome_slack` of the queue's outcomes wait for the
-  completer (`_room`); a slow write can never let running rows pile up.
+  completer (`_room`); a slow write can never let running rows pile up. Running rows in the
+  backend stay below `max_workers + prefetch + outcome_slack`.
 
 A worker runs each attempt through its kind's `KindRunner` (the handler chain) inside the
 attempt's cancel scope (`execution.attempt`), and hands the outcome to the completer, which
@@ -35,7 +53,8 @@ from __future__ import annotations
 import logging
 import math
 import random
-from typing import Any, Callable, Mapping
+from collections import deque
+from typing import Any, Awaitable, Callable, Mapping
 
 import trio
 
@@ -51,7 +70,7 @@ from .completer import Completer
 
 log = logging.getLogger("nursery_jobs")
 
-__all__ = ["OUTCOME_SLACK", "QueueExecutor"]
+__all__ = ["HOLD_BOUND", "OUTCOME_SLACK", "PREFETCH_MAX", "QueueExecutor"]
 
 _tuple_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 _COMPLETED = OutcomeKind.COMPLETED
@@ -60,7 +79,17 @@ OUTCOME_SLACK = 32
 """Outcomes a queue may have waiting for the completer before it stops claiming: at least its
 `max_workers`, and at least this many, so that a queue of a few workers still claims its next
 job while the last outcomes are written (they are then written together, one commit for
-several). Running rows in the backend stay below `max_workers` + this slack."""
+several). Running rows in the backend stay below `max_workers` + the prefetch + this slack."""
+
+PREFETCH_MAX = 32
+"""Jobs a queue claims ahead, for workers still running, at most: its `max_workers`, and no more
+than this. Each is a `running` row nobody works on yet, so the number stays small: enough that
+a claim of half of it overlaps the attempts of the other half."""
+
+HOLD_BOUND = 1.0
+"""Seconds a job claimed ahead may wait for a worker. Past it the job is given back (available
+again at once, the attempt not counted), so a job claimed for a worker that turned out to be
+busy for long waits at most this long, rather than as long as the job in front of it."""
 
 
 def _children(job: ClaimedJob) -> Any:
@@ -100,14 +129,38 @@ class QueueExecutor:
         self._all_exited = trio.Event()
         self._fetcher_exited = trio.Event()
         self._cancel_reason: str | None = None
-        self.started = 0
         self.unwritten = 0
         """Outcomes of this queue pushed to the completer and not written yet: jobs that are
         still `running` in the backend. Past `outcome_slack` of them, claims stop (`_room`)."""
         self.outcome_slack = max(self.max_workers, OUTCOME_SLACK)
+        self._max_running = cfg.global_max_workers
+        ahead = cfg.claim_ahead and not backend.never_yields and self.max_workers > 1
+        self.prefetch = min(self.max_workers, PREFETCH_MAX) if ahead else 0
+        self._low_water = self.prefetch // 2
+        """Held jobs at which the fetcher claims ahead again (the workers still have these)."""
+        self._held: deque[Attempt] = deque()
+        """Jobs claimed ahead, in claim order, each already an `Attempt` in the registry."""
+        self._held_until: deque[float] = deque()
+        """Parallel to `_held`: when each is given back if no worker took it."""
+        self._ended = 0
+        """Attempts ended by this queue's workers, ever (counted only where it claims ahead)."""
+        self._busy = 0.0
+        """Their summed durations: the mean decides whether to claim ahead."""
+        self._mark = (0, 0.0)
+        """`_ended` and `_busy` at the last claim."""
+        self._mean = math.inf
+        """Mean duration of the attempts that ended between the last two claims that saw any."""
 
     def __repr__(self) -> str:
-        return f"<QueueExecutor {self.name!r} workers={self.max_workers} unwritten={self.unwritten}>"
+        return (
+            f"<QueueExecutor {self.name!r} workers={self.max_workers} held={len(self._held)} "
+            f"unwritten={self.unwritten}>"
+        )
+
+    @property
+    def held(self) -> int:
+        """Jobs claimed ahead and not started yet (`running` in the backend)."""
+        return len(self._held)
 
     # -- notifications (synchronous, called from backend events, workers and the completer) --
 
@@ -121,16 +174,62 @@ class QueueExecutor:
             self._fetcher_wakeup.set()
 
     def outcomes_written(self, n: int) -> None:
-        """The completer wrote `n` of this queue's outcomes: room to claim again."""
+        """The completer wrote `n` of this queue's outcomes: room to claim again (and, under
+        `global_max_workers`, a slot of the queue's that another claim may have been refused)."""
         self.unwritten -= n
+        if self._max_running is not None:
+            self._claim_now = True
         self._fetcher_wakeup.set()
 
     def _room(self) -> int:
-        """How many jobs a claim may take now: one per idle worker, less what the completer
-        owes past `outcome_slack` (a slow write must never let running rows pile up)."""
+        """How many jobs a claim may take now: one per idle worker, plus what the held list
+        lacks of `prefetch` once it is down to `_low_water` (while attempts are short), less
+        what the completer owes past `outcome_slack` (a slow write must never let running rows
+        pile up)."""
         room = len(self._idle)
+        if self.prefetch:
+            held = len(self._held)
+            if held <= self._low_water and self._mean_attempt() <= HOLD_BOUND / 2:
+                # Held jobs wait about one attempt for a worker: a queue of long jobs holds nothing.
+                room += self.prefetch - held
         over = self.unwritten - self.outcome_slack
         return room - over if over > 0 else room
+
+    def _mean_attempt(self) -> float:
+        ended, busy = self._mark
+        n = self._ended - ended
+        return (self._busy - busy) / n if n else self._mean
+
+    def _hold(self, job: ClaimedJob, until: float) -> None:
+        """Keep a job claimed ahead for the next worker that ends an attempt."""
+        attempt = Attempt(job, trio.CancelScope(), _children)
+        self._attempts.begin(attempt)  # heartbeated, cancellable, from now on
+        self._held.append(attempt)
+        self._held_until.append(until)
+
+    def _give_back_held(self, expired_by: float | None = None) -> None:
+        """Give back every held job (shutdown, teardown) or those held past `expired_by`."""
+        held, until = self._held, self._held_until
+        given: list[int] = []
+        while held and (expired_by is None or until[0] <= expired_by):
+            attempt = held.popleft()
+            until.popleft()
+            self._attempts.end(attempt)
+            job = attempt.job
+            self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
+            given.append(job.id)
+        if given and expired_by is not None:
+            # The attempts in front of them outlasted the bound: no claiming ahead until
+            # attempts that end again say they are short.
+            self._mean = math.inf
+            self._mark = (self._ended, self._busy)
+            log.info(
+                "queue %r: %d jobs claimed ahead waited %g s for a worker and were given back",
+                self.name,
+                len(given),
+                HOLD_BOUND,
+                extra={"event": "claimed_ahead_given_back", "queue": self.name, "job_ids": given},
+            )
 
     def stop_claiming(self) -> None:
         self._claiming = False
@@ -141,6 +240,7 @@ class QueueExecutor:
         idle, self._idle = self._idle, []
         for box in idle:
             box.put(None)  # no job: the worker exits
+        self._give_back_held()  # nothing starts once shutdown has begun
 
     def cancel_running(self, reason: str) -> None:
         self._cancel_reason = reason
@@ -166,12 +266,16 @@ class QueueExecutor:
         try:
             await self._fetcher()
         finally:
+            self._give_back_held()  # torn down from outside: what nobody started goes back
             self._fetcher_exited.set()
 
     async def _fetcher(self) -> None:
         backend = self._backend
         poll = self.cfg.poll_interval if self.cfg.poll_interval is not None else backend.poll_interval
+        held_until = self._held_until
         while self._claiming:
+            if held_until and held_until[0] <= trio.current_time():
+                self._give_back_held(trio.current_time())
             now = backend.now()
             room = self._room()
             if room <= 0 or not (self._claim_now or now >= self._next_due):
@@ -182,6 +286,8 @@ class QueueExecutor:
                     if poll is not None:
                         poll_at = trio.current_time() + poll
                 until = min(wait_until, poll_at)
+                if held_until and held_until[0] < until:
+                    until = held_until[0]  # a held job's time is up then: give it back
                 if until == math.inf:
                     await self._fetcher_wakeup.wait()  # no deadline: spare a cancel scope per batch
                 else:
@@ -191,6 +297,9 @@ class QueueExecutor:
                     self._claim_now = True  # no wake-up came in time: look anyway
                 continue
             self._claim_now = False
+            if self.prefetch:
+                self._mean = self._mean_attempt()
+                self._mark = (self._ended, self._busy)
             # Due times reported during the claim must survive it: the claim's own answer was
             # read before they were written. Start from inf and merge both.
             self._next_due = math.inf
@@ -201,14 +310,14 @@ class QueueExecutor:
             # bounds the call itself (statement and outage timeouts); once shutdown begins,
             # `stop_claiming` bounds it by `flush_bound` too.
             if backend.never_yields:
-                result = await backend.claim(self.name, limit)  # never yields: cannot be cut
+                result = await self._claim(limit)  # never yields: cannot be cut
             else:
                 answer: ClaimResult | None = None
                 with trio.CancelScope(shield=True) as scope:
                     self._claim_scope = scope
                     if not self._claiming:
                         scope.deadline = trio.current_time() + self._flush_bound
-                    answer = await backend.claim(self.name, limit)
+                    answer = await self._claim(limit)
                 self._claim_scope = None
                 if answer is None:
                     log.warning(
@@ -223,13 +332,19 @@ class QueueExecutor:
             if result.next_due is not None and result.next_due < self._next_due:
                 self._next_due = result.next_due
             torn_down = trio.current_effective_deadline() == -math.inf
+            idle = self._idle
+            hold_until = 0.0
             for job in result.jobs:
-                if torn_down or not self._idle:
-                    # The runtime is being torn down, or shutdown emptied the idle list while
-                    # the claim was in flight: give the job back, attempt and all.
+                if torn_down or not self._claiming:
+                    # The runtime is being torn down, or shutdown began while the claim was in
+                    # flight: give the job back, attempt and all.
                     self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
-                    continue
-                self._idle.pop().put(job)
+                elif idle:
+                    idle.pop().put(job)
+                else:
+                    if not hold_until:
+                        hold_until = trio.current_time() + HOLD_BOUND
+                    self._hold(job, hold_until)  # claimed ahead: the next worker that is free takes it
             await trio.lowlevel.checkpoint_if_cancelled()
             if len(result.jobs) == limit:
                 self._claim_now = True  # the queue may hold more than we had room for
@@ -238,6 +353,11 @@ class QueueExecutor:
         # Claimed jobs handed out above and already started still run: they are part of the
         # grace period (a worker that had not started its job gives it back).
 
+    def _claim(self, limit: int) -> Awaitable[ClaimResult]:
+        if self._max_running is None:
+            return self._backend.claim(self.name, limit)
+        return self._backend.claim(self.name, limit, max_running=self._max_running)
+
     async def _worker(self) -> None:
         """Take a job, run one attempt of it, repeat."""
         attempts = self._attempts
@@ -245,45 +365,86 @@ class QueueExecutor:
         completer = self._completer
         box: Mailbox[ClaimedJob] = Mailbox()
         current_worker_box.set(box)  # names this worker's job to the blocked-loop watchdog
+        held = self._held
+        held_until = self._held_until
+        prefetch = self.prefetch
+        clock = trio.lowlevel.current_clock().current_time  # the run's clock (MockClock in tests), one call per read
         try:
             while self._claiming:
-                self._idle.append(box)
-                self._fetcher_wakeup.set()
-                try:
-                    job = await box.get()
-                except trio.Cancelled:
-                    # Torn down from outside: a job put in the box but not taken goes back.
-                    leftover = box.take_nowait()
-                    if leftover is not None:
-                        self._push(Outcome(leftover.id, leftover.attempt, OutcomeKind.INTERRUPTED))
-                    raise
-                if job is None:
-                    return
-                self.started += 1
-                if self._cancel_reason is not None or not self._claiming:
-                    # Handed to this worker before shutdown began (a signal can land between the
-                    # fetcher's hand-off and this task's wake-up), but not started yet: nothing
-                    # starts once shutdown has begun, so the attempt is given back.
-                    self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
-                    continue
+                job: ClaimedJob | None
+                if held:
+                    # A job claimed ahead: no round trip, no hand-off. It is in the registry
+                    # already; a cancel request or a lost claim may have reached it there.
+                    attempt = held.popleft()
+                    held_until.popleft()
+                    job = attempt.job
+                    box.last = job
+                    if len(held) == self._low_water:
+                        # Down to the low water: let the fetcher send its claim now, so that it
+                        # travels while this worker and the others run what is left.
+                        self._fetcher_wakeup.set()
+                        try:
+                            await trio.lowlevel.checkpoint()
+                        except trio.Cancelled:
+                            attempts.end(attempt)  # torn down from outside: not started, given back
+                            self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
+                            raise
+                        if not self._claiming:
+                            attempts.end(attempt)  # shutdown began meanwhile: nothing starts now
+                            self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
+                            continue
+                    if attempt.scope.cancel_called:
+                        # A cancel request or a lost claim reached it before it started.
+                        attempts.end(attempt)
+                        kind = OutcomeKind.CANCELLED if attempt.reason == "cancel" else OutcomeKind.INTERRUPTED
+                        self._push(Outcome(job.id, job.attempt, kind))
+                        continue
+                else:
+                    self._idle.append(box)
+                    self._fetcher_wakeup.set()
+                    try:
+                        job = await box.get()
+                    except trio.Cancelled:
+                        # Torn down from outside: a job put in the box but not taken goes back.
+                        leftover = box.take_nowait()
+                        if leftover is not None:
+                            self._push(Outcome(leftover.id, leftover.attempt, OutcomeKind.INTERRUPTED))
+                        raise
+                    if job is None:
+                        return
+                    attempt = None
+                    if self._cancel_reason is not None or not self._claiming:
+                        # Handed to this worker before shutdown began (a signal can land between
+                        # the fetcher's hand-off and this task's wake-up), but not started yet:
+                        # nothing starts once shutdown has begun, so the attempt is given back.
+                        self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
+                        continue
                 runner = runners.get(job.kind)
                 if runner is None:
+                    if attempt is not None:
+                        attempts.end(attempt)
                     self._discard(job, f"unknown job kind {job.kind!r}: no @app.job registers it in this process")
                     continue
                 try:
                     args = decode_args(job.args_json)
                     runner.job_kind.check_args(args)  # stored args that no call could bind fail every attempt alike
                 except ValueError as exc:  # ArgsError too
+                    if attempt is not None:
+                        attempts.end(attempt)
                     what = "do not fit the handler" if isinstance(exc, ArgsError) else "could not be decoded"
                     self._discard(job, clean_text(f"job args {what}: {exc}"))
                     continue
                 timeout = runner.timeout
-                started = trio.current_time()
+                started = clock()
                 deadline = started + timeout if timeout is not None else math.inf
-                scope = trio.CancelScope(deadline=deadline)
-                attempt = Attempt(job, scope, _children)
+                if attempt is None:
+                    scope = trio.CancelScope(deadline=deadline)
+                    attempt = Attempt(job, scope, _children)
+                    attempts.begin(attempt)
+                else:
+                    scope = attempt.scope
+                    scope.deadline = deadline  # the timeout runs from the start, not the claim
                 ctx = JobContext(args, deadline, attempt)
-                attempts.begin(attempt)
                 token = current_job_id.set(job.id)
                 error: BaseException | None = None
                 try:
@@ -304,6 +465,9 @@ class QueueExecutor:
                 finally:
                     current_job_id.reset(token)
                     attempts.end(attempt)
+                if prefetch:
+                    self._ended += 1
+                    self._busy += clock() - started
                 if error is None and not scope.cancel_called:
                     self.unwritten += 1
                     completer.push(_tuple_new(Outcome, (job.id, job.attempt, _COMPLETED, None, None)), self)  # common

@@ -72,7 +72,7 @@ async def test_failing_job_is_discarded_after_max_attempts(make_backend, autojum
         stats = await rt.stats()
     assert attempts == [1, 2, 3]
     assert receipt.state is nj.JobState.DISCARDED and receipt.error == "ValueError: bad input"
-    assert stats["default"].discarded == 1 and stats["default"].failed == 3
+    assert stats["default"].discarded == 1 and stats["default"].failed_attempts == 3
 
 
 async def test_discard_ends_the_job_with_its_reason(make_backend, autojump_clock):

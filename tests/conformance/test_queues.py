@@ -84,3 +84,58 @@ async def test_unknown_queue_in_runtime_is_a_config_error(make_backend):
     with pytest.raises(nj.ConfigError, match="not declared"):
         async with nj.open_runtime(app, backend=make_backend(), queues=["nope"]):
             pass
+
+
+async def test_stats_say_whose_each_counter_is_and_count_jobs_apart_from_attempts(make_backend, autojump_clock):
+    app = nj.App()
+    app.queue("work", max_workers=2, timeout=None)
+    release = trio.Event()
+
+    @app.job(queue="work")
+    async def hold(ctx: nj.JobContext) -> None:
+        await release.wait()
+
+    @app.job(queue="work", max_attempts=2, retry=nj.RetryPolicy(base=1.0, jitter=0.0))
+    async def broken(ctx: nj.JobContext) -> None:
+        raise RuntimeError("always")
+
+    backend = make_backend()
+    async with nj.open_runtime(app, backend=backend) as rt:
+        held = [await hold.enqueue() for _ in range(3)]
+        while (await rt.stats())["work"].running < 2:
+            await trio.sleep(0.01)
+        # A second runtime on the same backend that runs no worker: another process's view.
+        async with nj.open_runtime(app, backend=backend, queues=[]) as other:
+            here, there = (await rt.stats())["work"], (await other.stats())["work"]
+        assert (here.max_workers_here, here.running_here, here.running, here.queued) == (2, 2, 2, 1)
+        assert (there.max_workers_here, there.running_here, there.running) == (0, 0, 2)  # fleet-wide
+        release.set()
+        for job_id in held:
+            await rt.wait(job_id, timeout=10)
+        gone = await broken.enqueue()
+        assert (await rt.wait(gone, timeout=10)).state is nj.JobState.DISCARDED
+        work = (await rt.stats())["work"]
+    # Two failed attempts, one failed job.
+    assert (work.failed_attempts, work.discarded, work.completed, work.interrupted_attempts) == (2, 1, 3, 0)
+    assert (work.running, work.running_here) == (0, 0)
+
+
+async def test_the_default_queue_is_listed_only_when_used(make_backend, autojump_clock):
+    app = nj.App()
+    app.queue("work", max_workers=1)
+
+    @app.job(queue="work")
+    async def task(ctx: nj.JobContext) -> None:
+        pass
+
+    backend = make_backend()
+    async with nj.open_runtime(app, backend=backend) as rt:
+        assert list(await rt.stats()) == ["work"]
+    used = nj.App()
+
+    @used.job()
+    async def other(ctx: nj.JobContext) -> None:
+        pass
+
+    async with nj.open_runtime(used, backend=backend) as rt:
+        assert list(await rt.stats()) == ["default"]

@@ -147,11 +147,11 @@ async def test_retention_deletes_final_jobs_by_age_keeping_discarded_longest(mak
             await rt.get_job(gone)
         assert (await rt.get_job(bad)).state is nj.JobState.DISCARDED
         stats = (await rt.stats())["default"]
-        assert (stats.completed, stats.cancelled, stats.discarded, stats.failed) == (0, 0, 1, 1)
+        assert (stats.completed, stats.cancelled, stats.discarded, stats.failed_attempts) == (0, 0, 1, 1)
         await trio.sleep(1000)
         with pytest.raises(nj.JobNotFound):
             await rt.get_job(bad)
-        assert (await rt.stats())["default"].failed == 0
+        assert (await rt.stats())["default"].failed_attempts == 0
 
 
 async def test_retention_deletes_a_backlog_in_short_batches(make_backend, autojump_clock, monkeypatch):

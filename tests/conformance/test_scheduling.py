@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 import trio
 
@@ -20,12 +22,44 @@ async def test_delayed_and_run_at_jobs_start_on_time(make_backend, autojump_cloc
     async with nj.open_runtime(app, backend=backend) as rt:
         t0 = trio.current_time()
         a = await tick.options(delay=30).enqueue(name="delay30")
-        b = await rt.enqueue("tick", {"name": "run_at10"}, run_at=backend.now() + 10)
+        b = await rt.enqueue("tick", {"name": "run_at10"}, run_at=rt.wall_now() + datetime.timedelta(seconds=10))
         c = await rt.enqueue("tick", {"name": "now"})
         assert (await rt.get_job(a)).state is nj.JobState.SCHEDULED
         for job_id in (a, b, c):
             await rt.wait(job_id, timeout=60)
-    assert {k: round(v - t0, 6) for k, v in starts.items()} == {"now": 0.0, "run_at10": 10.0, "delay30": 30.0}
+    assert {k: round(v - t0, 3) for k, v in starts.items()} == {"now": 0.0, "run_at10": 10.0, "delay30": 30.0}
+
+
+async def test_run_at_is_an_aware_wall_clock_datetime_on_every_backend(make_backend, autojump_clock):
+    app = nj.App()
+
+    @app.job()
+    async def tick(ctx: nj.JobContext) -> None:
+        pass
+
+    async with nj.open_runtime(app, backend=make_backend(), queues=[]) as rt:
+        utc = rt.wall_now()
+        assert utc.tzinfo is datetime.timezone.utc
+        at = (utc + datetime.timedelta(hours=2)).astimezone(datetime.timezone(datetime.timedelta(hours=5)))
+        job = await rt.get_job(await tick.options(run_at=at).enqueue())
+        # The same instant whatever the zone it is written in, read back as it went in.
+        assert job.state is nj.JobState.SCHEDULED and abs(rt.wall_time(job.run_at) - at) < datetime.timedelta(microseconds=2)
+        assert abs(job.run_at - rt.now() - 7200) < 1e-3  # two hours on the backend's clock
+        past = await rt.get_job(await rt.enqueue(tick, run_at=utc - datetime.timedelta(days=1)))
+        assert past.state is nj.JobState.AVAILABLE  # a time already past is due now
+        for bad, message in [
+            (datetime.datetime(2030, 1, 1), "naive datetime.*pass tzinfo"),
+            (rt.now() + 10, "must be an aware datetime.*delay="),
+            ("2030-01-01T00:00:00Z", "must be an aware datetime"),
+        ]:
+            with pytest.raises(nj.ConfigError, match=message):
+                tick.options(run_at=bad)  # type: ignore[arg-type]
+            with pytest.raises(nj.ConfigError, match=message):
+                await rt.enqueue_many(tick, [{}], run_at=bad)  # type: ignore[arg-type]
+        assert rt.wall_time(job.created_at) <= rt.wall_now()
+        before = rt.wall_now()
+        await trio.sleep(60)  # virtual time: the backend's wall clock moves with it
+        assert abs(rt.wall_now() - before - datetime.timedelta(minutes=1)) < datetime.timedelta(milliseconds=1)
 
 
 async def test_higher_priority_first_then_fifo(make_backend, autojump_clock):

@@ -107,3 +107,26 @@ async def test_args_too_deep_or_too_large_are_refused_on_every_backend(make_back
             await task.enqueue(v="x" * MAX_ARGS_SIZE)
         job = await rt.get_job(await task.enqueue(v=fits))
         assert job.args == {"v": fits}
+
+
+async def test_args_are_checked_against_the_handlers_annotations_on_every_backend(make_backend, autojump_clock):
+    app = nj.App()
+    seen: list[dict[str, object]] = []
+
+    @app.job(max_attempts=1)
+    async def index_doc(ctx: nj.JobContext, doc_id: int, ratio: float = 1.0) -> None:
+        seen.append(dict(ctx.args))
+
+    async with nj.open_runtime(app, backend=make_backend()) as rt:
+        for call in (
+            index_doc.enqueue(doc_id="1"),
+            rt.enqueue("index_doc", {"doc_id": True}),
+            index_doc.enqueue_many([{"doc_id": 1}, {"doc_id": 2.0}]),
+            rt.enqueue_many(index_doc, [{"doc_id": 1, "ratio": "x"}]),
+        ):
+            with pytest.raises(nj.ArgsError, match="job 'index_doc': argument '(doc_id|ratio)' must be (int|float), not"):
+                await call
+        assert (await rt.stats())["default"].queued == 0  # nothing of a refused batch was stored
+        job_id = await index_doc.enqueue(doc_id=7, ratio=2)  # a JSON int is a valid float
+        assert (await rt.wait(job_id, timeout=10)).state is nj.JobState.COMPLETED
+    assert seen == [{"doc_id": 7, "ratio": 2}] and type(seen[0]["ratio"]) is int  # received as enqueued

@@ -287,3 +287,16 @@ def test_check_budget_accepts_one_worker_and_refuses_only_with_a_config_error(ma
         backend.check_budget(10**6)
     except nj.ConfigError as exc:
         assert "10" in str(exc) or "worker" in str(exc), exc  # it says what is wrong
+
+
+# -- the clock --
+
+
+async def test_wall_offset_maps_unix_time_onto_the_clock_and_never_changes(make_backend, autojump_clock) -> None:
+    import time
+
+    async with opened(make_backend) as backend:
+        offset = backend.wall_offset()
+        assert abs(backend.now() - offset - time.time()) < 5  # the same present, read both ways
+        await trio.sleep(60)  # virtual time moves the clock; the mapping stays
+        assert backend.wall_offset() == offset

@@ -36,21 +36,28 @@ def postgres_reachable() -> None:
 
 
 def run_quick(script: str, flag: str = "--quick") -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
+    """Run a script; a PostgreSQL one must have dropped every database it made
+    (`nj_bench_<tag>_<its pid>`, benchmarks/pg_common.py) by the time it exits."""
+    proc = subprocess.Popen(
         [sys.executable, str(BENCH / script), flag],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
-    return result
+        cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{stdout}\n{stderr}"
+    if script.startswith(("postgres_", "bridge")):
+        left = [name for name in leftover_bench_databases() if name.endswith(f"_{proc.pid}")]
+        assert not left, f"{script} left its databases behind: {left}\n{stdout}"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 def leftover_bench_databases() -> list[str]:
     with pgutil.admin_connect() as conn:
-        rows = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'nj_bench_%'").fetchall()
+        rows = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'nj\\_bench\\_%'").fetchall()
     return [r[0] for r in rows]
 
 
@@ -98,24 +105,6 @@ def test_postgres_production_smoke_mode_runs() -> None:
     assert "unwritten: " not in out, out  # the runs left no outcome behind, even tiny ones
 
 
-@pytest.mark.usefixtures("postgres_reachable")
-def test_pg_benchmarks_drop_their_databases() -> None:
-    """Run after the ones above (file order): no database of theirs is left behind."""
-    mine = [name for name in leftover_bench_databases() if name.rsplit("_", 1)[-1].isdigit()]
-    alive = {name for name in mine if _pid_alive(int(name.rsplit("_", 1)[-1]))}
-    assert not [name for name in mine if name not in alive], mine
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def test_postgres_soak_smoke_mode_runs() -> None:
     """The soak runs on a private cluster of its own (it needs the server binaries, not the
     shared server): ~20 s of enqueue and drain with retention on, sampled every 2 s."""
@@ -143,3 +132,19 @@ def test_sqlite_throughput_quick_mode_runs() -> None:
                "cross-process enqueue -> start p50", "wake-ups off (poll 1 s): start p50", "one wake-up send")  # fmt: skip
     for metric in metrics:
         assert metric in out, out
+
+
+@pytest.mark.usefixtures("postgres_reachable")
+def test_concurrency_keys_quick_mode_runs() -> None:
+    result = subprocess.run(
+        [sys.executable, str(BENCH / "concurrency_keys.py"), "--quick", "--backends", "postgres"],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    for label in ("keys (limit 1)", "overshoot", "latency"):
+        assert label in result.stdout, result.stdout
+    assert not [name for name in leftover_bench_databases() if "_keyed_" in name]

@@ -120,7 +120,7 @@ async def test_shutdown_gives_the_attempt_back_and_a_restart_runs_it_again(
     async with nj.open_runtime(app, backend=backend) as rt:
         receipt = await rt.wait(job_id, timeout=20)
         assert receipt.state is nj.JobState.RETRYABLE  # it ran again, and timed out again
-        assert (await rt.stats())["webhook"].interrupted == 1
+        assert (await rt.stats())["webhook"].interrupted_attempts == 1
 
 
 async def test_cleanup_runs_when_the_shutdown_interrupts_a_job(autojump_clock: trio.testing.MockClock) -> None:

@@ -114,8 +114,8 @@ def test_quickstart_runs_to_completion_and_prints_the_summary() -> None:
     rows = summary_rows(out)
     # Deterministic by construction: docs 7, 47, 87, 127 fail once; events 3, 53, 103 fail once;
     # events 10, 60, 110 go to an endpoint that answers 410 and are discarded.
-    assert (rows["index"]["completed"], rows["index"]["retried"], rows["index"]["failed"]) == (150, 4, 0)
-    assert (rows["webhook"]["completed"], rows["webhook"]["retried"], rows["webhook"]["failed"]) == (147, 3, 3)
+    assert (rows["index"]["completed"], rows["index"]["retried"], rows["index"]["discarded"]) == (150, 4, 0)
+    assert (rows["webhook"]["completed"], rows["webhook"]["retried"], rows["webhook"]["discarded"]) == (147, 3, 3)
 
 
 def test_quickstart_jobs_flag_changes_the_work() -> None:
@@ -189,7 +189,7 @@ def test_memory_benchmark_is_importable_without_side_effects() -> None:
 # -- the user docs: every block a user would copy is code that runs --------------------------------
 
 DOCS = ROOT / "docs"
-DOC_PAGES = ["index.md", "quickstart.md", "concepts.md", "shutdown.md", "testing.md", "resources.md"]
+DOC_PAGES = ["index.md", "quickstart.md", "concepts.md", "shutdown.md", "testing.md", "resources.md", "concurrency.md"]
 TESTING_EXAMPLE = ROOT / "tests" / "docs" / "test_docs_testing_example.py"
 KIT_EXAMPLE = ROOT / "examples" / "test_service.py"
 EXCERPT_SOURCES = [QUICKSTART, TESTING_EXAMPLE, KIT_EXAMPLE]

@@ -26,9 +26,12 @@ from nursery_jobs.backends import (
     HeartbeatResult,
     InsertResult,
     Listener,
+    LockStore,
     NewJob,
     Outcome,
     QueueCounts,
+    ScheduleState,
+    ScheduleStore,
 )
 
 SCHEME = "delegate"
@@ -54,6 +57,9 @@ class DelegatingBackend:
     def now(self) -> float:
         return self.inner.now()
 
+    def wall_offset(self) -> float:
+        return self.inner.wall_offset()
+
     async def open(self) -> None:
         await self._step()
         await self.inner.open()
@@ -69,9 +75,9 @@ class DelegatingBackend:
         await self._step()
         return await self.inner.insert_many(jobs)
 
-    async def claim(self, queue: str, limit: int) -> ClaimResult:
+    async def claim(self, queue: str, limit: int, *, max_running: int | None = None) -> ClaimResult:
         await self._step()
-        return await self.inner.claim(queue, limit)
+        return await self.inner.claim(queue, limit, max_running=max_running)
 
     async def finish_many(self, outcomes: Sequence[Outcome]) -> None:
         await self._step()
@@ -110,6 +116,39 @@ class DelegatingBackend:
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await self._step()
         await self.inner.serve(task_status=task_status)
+
+    # -- ScheduleStore: a capability of its own, delegated the same way --
+
+    def _schedules(self) -> ScheduleStore:
+        assert isinstance(self.inner, ScheduleStore), f"{self.url}: the inner backend does not store schedules"
+        return self.inner
+
+    async def schedule_states(self, names: Sequence[str]) -> Mapping[str, ScheduleState]:
+        await self._step()
+        return await self._schedules().schedule_states(names)
+
+    async def enqueue_tick(self, name: str, tick: float, job: NewJob) -> InsertResult | None:
+        await self._step()
+        return await self._schedules().enqueue_tick(name, tick, job)
+
+
+    # -- LockStore --
+
+    def _lock_store(self) -> LockStore:
+        assert isinstance(self.inner, LockStore), f"{self.url}: the inner backend has no locks"
+        return self.inner
+
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        await self._step()
+        return await self._lock_store().acquire_lock(name, owner, ttl)
+
+    async def renew_lock(self, name: str, owner: str, ttl: float) -> bool:
+        await self._step()
+        return await self._lock_store().renew_lock(name, owner, ttl)
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        await self._step()
+        await self._lock_store().release_lock(name, owner)
 
 
 def open_delegate(url: str) -> nj.Backend:

@@ -304,9 +304,13 @@ class Spawner:
         first: int = 0,
         raw: Iterable[tuple[str, str]] = (),
         timeout: float = 60.0,
+        keys: int = 0,
+        key_prefix: str = "k",
     ) -> list[int]:
         raw = list(raw)
         argv = ["enqueue", "--backend", store_url, "--count", str(count), "--first", str(first), "--sleep", str(sleep)]
+        if keys:
+            argv += ["--keys", str(keys), "--key-prefix", key_prefix]
         for kind, args_json in raw:
             argv += ["--raw", kind, args_json]
         result = self.run_worker_cli(*argv, timeout=timeout)

@@ -128,3 +128,35 @@ def _listening(store: Store, app_name: str) -> int:
             (app_name,),
         ).fetchone()
     return int(row[0]) if row else 0
+
+
+def test_three_workers_never_run_two_jobs_of_a_key_at_once_and_a_busy_key_delays_no_other(spawner, pg_store):
+    """Per-key concurrency across processes: the busy key's 20 jobs (0.15 s each) were enqueued
+    first, so every claim meets them first; 300 jobs of 30 other keys must all end while the
+    busy key still works through its backlog, one job at a time."""
+    workers = _start_workers(spawner, pg_store, 3, "--max-workers", "8")
+    busy = spawner.enqueue(pg_store.url, 20, sleep=0.15, keys=1, key_prefix="busy")
+    others = spawner.enqueue(pg_store.url, 300, first=1000, sleep=0.005, keys=30)
+    codes = wait_all_exit(workers, timeout=90)
+    for proc in workers:
+        assert_clean_exit(proc, codes[proc.name])
+
+    jobs = fetch_jobs(pg_store)
+    assert state_counts(jobs) == {"completed": 320} and {j.attempt for j in jobs.values()} == {1}
+    execs = read_executions(spawner.log_dir)
+    spans: dict[int, list[float]] = {}
+    for e in execs:
+        if e.ev in ("start", "end"):
+            spans.setdefault(e.n, []).append(e.t)
+    assert len(spans) == 320 and all(len(s) == 2 for s in spans.values())
+    by_key: dict[str, list[tuple[float, float]]] = {}
+    for n, (start, end) in spans.items():
+        by_key.setdefault("busy" if n < 1000 else f"k{n % 30}", []).append((start, end))
+    for key, intervals in by_key.items():  # one at a time: each starts after the previous ended
+        intervals.sort()
+        overlaps = [(a, b) for a, b in zip(intervals, intervals[1:]) if b[0] < a[1]]
+        assert not overlaps, f"key {key}: two jobs ran at once: {overlaps[:3]}"
+    assert len({s[0].pid for s in starts_by_job(execs).values()}) == 3  # every process took part
+    last_busy_start = max(start for start, _ in by_key["busy"])
+    assert max(end for key, iv in by_key.items() if key != "busy" for _, end in iv) < last_busy_start
+    assert len(busy) == 20 and len(others) == 300

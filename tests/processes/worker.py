@@ -4,7 +4,8 @@
     python worker.py enqueue --backend URL --count 5000 [--sleep 0.01] [--raw KIND ARGS_JSON]...
     python worker.py enqueue-wait --backend URL --count 5 [--poll-interval 30] [--wait-timeout 10]
 
-`work` runs `nj.run` on the given backend with one queue ("procs") and one job kind ("record").
+`work` runs `nj.run` on the given backend with one queue ("procs") and one job kind ("record"),
+whose optional `key` argument is its concurrency key (at most one job of a key runs at once).
 Every execution of a `record` job appends JSON lines to ``DIR/exec-<pid>.jsonl``:
 ``{"ev": "start" | "end" | "cancelled", "id", "attempt", "pid", "n", "t"}``. Each line is one
 `os.write` on an O_APPEND descriptor, so it is in the kernel before the job goes on: a SIGKILL
@@ -19,7 +20,7 @@ A `nj.NurseryJobsError` that reaches it (e.g. the backend is unusable at start-u
 one line, ``worker: <ErrorType>: <message>``, and exits 2, as a service would do it.
 
 `enqueue` runs an enqueue-only runtime (``queues=[]``) and enqueues ``--count`` jobs with
-`rt.enqueue_many`; ``--raw KIND ARGS_JSON`` inserts a row through the backend directly
+`rt.enqueue_many` (``--keys K``: job n gets the key ``<--key-prefix><n % K>``); ``--raw KIND ARGS_JSON`` inserts a row through the backend directly
 (`insert_many` with `NewJob`), bypassing the runtime's validation: that is how the tests store
 rows a runtime would refuse (an unregistered kind, args that are not a JSON object). It prints
 one line ``IDS <json list>`` with the ids in order (count first, then raw rows).
@@ -81,8 +82,8 @@ def make_app(
     app = nj.App()
     app.queue(QUEUE, max_workers=max_workers, timeout=timeout, poll_interval=poll_interval)
 
-    @app.job(queue=QUEUE)
-    async def record(ctx: nj.JobContext, n: int, sleep: float = 0.0) -> None:
+    @app.job(queue=QUEUE, concurrency_key=lambda args: args.get("key"), max_concurrent=1)
+    async def record(ctx: nj.JobContext, n: int, sleep: float = 0.0, key: str | None = None) -> None:
         assert recorder is not None, "this app only enqueues"
         recorder.write("start", ctx, n)
         seconds = max(sleep if cap_sleep is None else min(sleep, cap_sleep), min_sleep)
@@ -156,7 +157,10 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         batch = 1000
         for first in range(args.first, args.first + args.count, batch):
             last = min(first + batch, args.first + args.count)
-            many = [{"n": n, "sleep": args.sleep} for n in range(first, last)]
+            many: list[dict[str, object]] = [{"n": n, "sleep": args.sleep} for n in range(first, last)]
+            if args.keys:
+                for job in many:
+                    job["key"] = f"{args.key_prefix}{int(str(job['n'])) % args.keys}"
             ids.extend(int(i) for i in await rt.enqueue_many(KIND, many))
         if args.raw:
             rows = [NewJob(kind, QUEUE, args_json, 0, None, 25) for kind, args_json in args.raw]
@@ -221,6 +225,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     enqueue.add_argument("--count", type=int, default=0)
     enqueue.add_argument("--first", type=int, default=0, help="the n of the first job")
     enqueue.add_argument("--sleep", type=float, default=0.0, help="each job's sleep argument")
+    enqueue.add_argument("--keys", type=int, default=0, help="give job n the concurrency key <prefix><n % KEYS>")
+    enqueue.add_argument("--key-prefix", default="k")
     enqueue.add_argument("--raw", nargs=2, action="append", metavar=("KIND", "ARGS_JSON"), default=[])
     enqueue.set_defaults(fn=cmd_enqueue)
 

@@ -154,7 +154,9 @@ class World:
         extra_worker = 1 if faults.pool_off_by_one else 0
         retry = UnseededRetry if faults.unseeded_jitter else nj.RetryPolicy
         for q in queues:
-            app.queue(q.name, max_workers=q.max_workers + extra_worker, timeout=q.timeout)
+            # The reference model starts the best due job whenever a worker frees; a queue that
+            # claims ahead picks it at claim time (tests/unit/test_claim_ahead.py holds that).
+            app.queue(q.name, max_workers=q.max_workers + extra_worker, timeout=q.timeout, claim_ahead=False)
             policy = retry(base=q.retry_base, factor=q.retry_factor, cap=100.0, jitter=jitter)
             app.job(queue=q.name, name=q.kind, max_attempts=q.max_attempts, retry=policy)(self._handler())
         if faults.system_task_children:
@@ -385,6 +387,9 @@ class _Forward:
     def now(self) -> float:
         return self.inner.now()
 
+    def wall_offset(self) -> float:
+        return self.inner.wall_offset()
+
     async def open(self) -> None:
         await self.inner.open()
 
@@ -397,8 +402,8 @@ class _Forward:
     async def insert_many(self, jobs: Any) -> Any:
         return await self.inner.insert_many(jobs)
 
-    async def claim(self, queue: str, limit: int) -> Any:
-        return await self.inner.claim(queue, limit)
+    async def claim(self, queue: str, limit: int, *, max_running: int | None = None) -> Any:
+        return await self.inner.claim(queue, limit, max_running=max_running)
 
     async def finish_many(self, outcomes: Any) -> None:
         await self.inner.finish_many(outcomes)

@@ -37,9 +37,11 @@ from . import (
     test_p09_timeouts,
     test_p10_cancel,
     test_p11_errors,
+    test_p12_schedule_points,
     test_p13_shutdown,
     test_p14_cancel_atomic,
     test_p15_replay,
+    test_p16_key_limits,
 )
 from tests import registry
 
@@ -61,9 +63,11 @@ PROPERTIES: list[tuple[str, Check, int]] = [
     ("P10", test_p10_cancel.check, 15),
     ("P11 isolation", test_p11_errors.check_isolation, 8),
     ("P11 crash", test_p11_errors.check, 8),
+    ("P12", test_p12_schedule_points.check, 5),
     ("P13", test_p13_shutdown.check, 15),
     ("P14", test_p14_cancel_atomic.check, 10),
     ("P15", test_p15_replay.check, 5),
+    ("P16", test_p16_key_limits.check, 10),
 ]
 
 

@@ -9,7 +9,7 @@ Right after each `open_runtime` block exits:
 - no attempt started after t0 (claiming stopped) and every attempt ended at the model's time;
 - the completer was flushed before the close: no job is left `running` in the backend;
 - the attempts cut by the grace are exactly the model's, are `available` again with the attempt
-  given back, are listed in `rt.interrupted` and counted by `stats().interrupted`.
+  given back, are listed in `rt.interrupted` and counted by `stats().interrupted_attempts`.
 After the run: every enqueue later than t0 was refused with `RuntimeClosed`, each racing enqueue
 that was accepted ran at most once and is completed or still claimable, and the total-queue
 accounting of P03 holds across the restarts.
@@ -70,9 +70,9 @@ async def shutdown_in_order_and_on_time(ex: Example, rec: ShutdownRecord) -> Non
     stats = await rt.stats()
     for q in ex.queues:
         expect(
-            stats[q.name].interrupted == ex.model.interrupted[q.name],
+            stats[q.name].interrupted_attempts == ex.model.interrupted[q.name],
             "P13",
-            f"stats of {q.name}: interrupted={stats[q.name].interrupted}, model {ex.model.interrupted[q.name]}",
+            f"stats of {q.name}: interrupted_attempts={stats[q.name].interrupted_attempts}, model {ex.model.interrupted[q.name]}",
         )
 
 

@@ -3,6 +3,8 @@ says what was wrong and what to do."""
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 import trio
 
@@ -137,7 +139,7 @@ async def test_unknown_kind_and_bad_options():
         with pytest.raises(nj.UnknownJob, match="no job kind named 'index'.*register it with @app.job"):
             await rt.enqueue("index", {})
         with pytest.raises(nj.ConfigError, match="delay= or run_at=, not both"):
-            await rt.enqueue("index_doc", {"doc_id": 1}, delay=1, run_at=5)
+            await rt.enqueue("index_doc", {"doc_id": 1}, delay=1, run_at=datetime.datetime.now(datetime.timezone.utc))
         with pytest.raises(nj.ConfigError, match="delay must be"):
             await index_doc.options(delay=-1).enqueue(doc_id=1)
         with pytest.raises(nj.ConfigError, match="priority must be an int"):

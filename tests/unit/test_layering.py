@@ -4,7 +4,7 @@ Every import counts -- at module level, inside a function, under `TYPE_CHECKING`
 circle closed by a type-only import is still a circle in the design. From the bottom up:
 
 - `errors`, `infra` (the only owner of tasks; imports nothing of the library but `errors`)
-- `jobs`, `config`, `_context` (the vocabulary; ContextVars only)
+- `jobs`, `config`, `cron`, `_context` (the vocabulary; ContextVars only)
 - `backends` (the protocol by capability, the job rules, the stores)
 - `app` (declarations; builds the jobs a backend stores)
 - `execution`, `coordination`, `services` (each part built with exactly what it uses)
@@ -29,9 +29,10 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "nursery_jobs.infra": ("nursery_jobs.errors", "nursery_jobs.infra"),
     "nursery_jobs.jobs": ("nursery_jobs.errors",),
     "nursery_jobs.config": ("nursery_jobs.errors",),
+    "nursery_jobs.cron": ("nursery_jobs.errors",),
     "nursery_jobs._context": ("nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.backends.protocol"),
     "nursery_jobs.backends": ("nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.backends"),
-    "nursery_jobs.app": ("nursery_jobs.errors", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs._context", "nursery_jobs.backends.protocol"),
+    "nursery_jobs.app": ("nursery_jobs.errors", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.cron", "nursery_jobs._context", "nursery_jobs.backends.protocol"),
     "nursery_jobs.execution": (
         "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs._context",
         "nursery_jobs.backends", "nursery_jobs.app", "nursery_jobs.execution",

@@ -14,6 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BOUND = 120  # the whole planted session; far above what it needs, so it only catches a hang
+# In this process, and in one xdist worker (the suite's own addopts run it in workers).
+WHERE = pytest.mark.parametrize("where", [["-n", "0"], ["-n", "1"]], ids=["in-process", "xdist-worker"])
 
 PLANTED = textwrap.dedent(
     '''
@@ -33,7 +35,7 @@ PLANTED = textwrap.dedent(
 
     async def test_a_trio_test_after_the_hang_still_runs(autojump_clock):
         async with nj.open_runtime(nj.App()) as rt:
-            assert (await rt.stats())["default"].running == 0
+            assert (await rt.stats()) == {}  # no queue is used
 
 
     def test_a_plain_test_that_hangs():
@@ -83,8 +85,9 @@ def run_session(tmp_path: Path, source: str, *options: str) -> subprocess.Comple
     )  # fmt: skip
 
 
-def test_a_hang_inside_open_runtime_is_a_failure_with_a_traceback_and_the_run_goes_on(tmp_path):
-    result = run_session(tmp_path, PLANTED)
+@WHERE
+def test_a_hang_inside_open_runtime_is_a_failure_with_a_traceback_and_the_run_goes_on(tmp_path, where):
+    result = run_session(tmp_path, PLANTED, *where)
     out = result.stdout
     assert result.returncode == 1, out + result.stderr
     assert "2 failed, 1 passed" in out, out
@@ -98,8 +101,9 @@ def test_a_hang_inside_open_runtime_is_a_failure_with_a_traceback_and_the_run_go
     assert "Attempted to call run() from inside a run()" not in out, out
 
 
-def test_a_trio_run_that_does_not_unwind_fails_and_stops_the_session(tmp_path):
-    result = run_session(tmp_path, STUCK, "-o", "timeout_unwind=1")
+@WHERE
+def test_a_trio_run_that_does_not_unwind_fails_and_stops_the_session(tmp_path, where):
+    result = run_session(tmp_path, STUCK, "-o", "timeout_unwind=1", *where)
     out = result.stdout
     assert result.returncode == pytest.ExitCode.INTERRUPTED, out + result.stderr
     assert "FAILED test_planted.py::test_ignores_its_cancellation - Failed: Timeout (>1.0s)" in out, out
@@ -114,3 +118,10 @@ def test_this_suite_runs_with_a_default_bound_and_the_trio_aware_timer(pytestcon
     assert pytestconfig.pluginmanager.hasplugin("tests.timeouts")
     assert float(pytestconfig.getini("timeout")) > 0
     assert pytestconfig.getini("timeout_method") == "signal"
+
+
+def test_this_suite_runs_in_xdist_workers_by_default(pytestconfig):
+    # README's command runs the suite in parallel; the bounds above hold in a worker (tested above).
+    assert pytestconfig.pluginmanager.hasplugin("xdist")
+    addopts = pytestconfig.getini("addopts")
+    assert "-n" in addopts and addopts[addopts.index("-n") + 1] == "auto", addopts

@@ -48,14 +48,14 @@ def _wait_for(path: Path, proc: subprocess.Popen[str], bound: float = 60) -> str
     raise AssertionError("the planted session never reached its test")
 
 
-def run_planted(tmp_path: Path, mode: str) -> tuple[str, str]:
+def run_planted(tmp_path: Path, mode: str, *options: str) -> tuple[str, str]:
     """Run the planted session and end it by `mode` ("fail" or a signal name); return the URL
     of the database it made and its output."""
     (tmp_path / "test_planted.py").write_text(PLANTED)
     ready = tmp_path / "ready"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NJ_PLANTED_READY": str(ready), "NJ_PLANTED_MODE": mode}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-q", "test_planted.py"],
+        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-q", *options, "test_planted.py"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -83,7 +83,16 @@ def test_the_session_database_is_dropped_however_the_run_ends(mode, tmp_path, pg
     assert not exists(name), f"{mode}: {name} was left behind:\n{out}"
 
 
-def test_a_killed_run_leaves_its_database_and_the_next_session_drops_it(tmp_path, pg_url):
+def test_a_signalled_parallel_run_drops_the_database_of_its_worker(tmp_path, pg_url):
+    """The suite runs in xdist workers: a SIGTERM to the run (the controller) still drops the
+    database the worker made (`nj_test_<worker pid>`)."""
+    url, out = run_planted(tmp_path, "SIGTERM", "-n", "1")
+    name = url.rpartition("/")[2]
+    assert name.startswith("nj_test_") and name != pg_url.rpartition("/")[2], out
+    assert not exists(name), f"{name} was left behind:\n{out}"
+
+
+def test_a_killed_run_leaves_its_database_and_the_next_session_drops_it(no_other_sweeps, tmp_path, pg_url):
     url, out = run_planted(tmp_path, "SIGKILL")
     name = url.rpartition("/")[2]
     try:
@@ -103,7 +112,7 @@ def _create(name: str, comment: str | None) -> None:
             conn.execute(f"COMMENT ON DATABASE \"{name}\" IS '{comment}'")
 
 
-def test_the_sweep_never_drops_what_a_live_or_unknown_run_holds(pg_url):
+def test_the_sweep_never_drops_what_a_live_or_unknown_run_holds(no_other_sweeps, pg_url):
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     pid = holder.pid
     tagged, untagged, elsewhere = f"nj_test_{pid}", f"nj_test_{pid}_docs", f"nj_bench_pg_{pid}"
@@ -131,7 +140,7 @@ def test_the_sweep_never_drops_what_a_live_or_unknown_run_holds(pg_url):
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def test_a_reused_pid_does_not_keep_a_leftover(pg_url):
+def test_a_reused_pid_does_not_keep_a_leftover(no_other_sweeps, pg_url):
     # The tag holds the start time: the same pid, started at another time, is another process.
     name = f"nj_test_{os.getpid()}_reused"
     tag = pgutil.owner_tag()

@@ -157,7 +157,7 @@ def _statements(schema: str, running: list[int]) -> dict[str, list[Any]]:
 
 # Indexes each statement may use, and the ones it must use.
 ALLOWED = {
-    "claim": {"jobs_available", "jobs_waiting", "jobs_pkey"},
+    "claim": {"jobs_available", "jobs_waiting", "jobs_pkey", "jobs_running_key"},
     "finish": {"jobs_pkey"},
     "heartbeat": {"jobs_pkey"},
     "rescue": {"jobs_running", "jobs_running_unbeaten", "jobs_pkey"},
@@ -381,3 +381,39 @@ def test_the_claim_reads_its_own_index_on_a_table_never_analyzed(pg_url: str) ->
         assert all(rows <= 100 for _, _, rows in read), f"the claim of 10 jobs read the backlog: {read}"
     finally:
         fresh.conn.close()
+
+
+@pytest.mark.parametrize("size", [1_000, 200_000])
+def test_the_claim_with_concurrency_keys_keeps_its_plan(pg_url: str, size: int) -> None:
+    """Keyed backlogs (migration 0006): the available rows carry 1,000 keys, 500 of those keys
+    have a job running. The claim passes over the busy keys with one probe of `jobs_running_key`
+    per keyed row it meets, under a global limit or not, and `claim_held` (its locks, counts and
+    update, inside one function call) touches a few buffers per job, never the table: with
+    statistics gathered before any row ran and again after."""
+    keyed = Table(pg_url)
+    try:
+        jobs = sql.SQL("{}.jobs").format(sql.Identifier(keyed.schema))
+        keyed.grow(size)
+        keyed.conn.execute(
+            sql.SQL("UPDATE {} SET concurrency_key = 'k' || (id / 100 % 1000), max_concurrent = 1 WHERE state = 'available'").format(jobs)
+        )
+        keyed.analyze()
+        running = keyed.start_running(min(RUNNING, size // 2))
+        keyed.conn.execute(
+            sql.SQL("UPDATE {} SET concurrency_key = 'k' || (id % 500), max_concurrent = 1 WHERE state = 'running'").format(jobs)
+        )
+        (ids,) = keyed.conn.execute(
+            sql.SQL("SELECT array_agg(id ORDER BY id) FROM (SELECT id FROM {} WHERE state = 'available' LIMIT 100) a").format(jobs)
+        ).fetchone()  # type: ignore[misc]
+        for fresh in (False, True):
+            if fresh:
+                keyed.analyze()
+            for name in ("claim", "claim_limited"):
+                args = {"now": 1e12, "queue": "q", "limit": 100}
+                _check("claim", explain_generic(keyed.conn, name, keyed.schema, args), max(size, 100_000))
+            held = {"ids": "{" + ",".join(map(str, ids)) + "}", "queue": "q", "want": 100, "max_running": None, "now": 1e12}
+            plan = explain_generic(keyed.conn, "claim_held", keyed.schema, held)
+            buffers = plan["Plan"].get("Shared Hit Blocks", 0) + plan["Plan"].get("Shared Read Blocks", 0)
+            assert buffers <= 60 * len(ids), f"claim_held at {size:,} rows: {buffers} buffers for {len(ids)} jobs"
+    finally:
+        keyed.conn.close()

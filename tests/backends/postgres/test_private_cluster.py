@@ -50,7 +50,7 @@ def _cluster_owned_by(pid: int) -> pg_cluster.PrivateCluster:
     return cluster
 
 
-def test_a_killed_runs_cluster_is_removed_by_the_next_and_a_live_runs_is_kept(private_cluster):
+def test_a_killed_runs_cluster_is_removed_by_the_next_and_a_live_runs_is_kept(no_other_sweeps, private_cluster):
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     left: pg_cluster.PrivateCluster | None = None
     try:

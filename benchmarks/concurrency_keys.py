@@ -1,0 +1,316 @@
+"""Per-key concurrency benchmark: throughput with a per-key limit of 1 against the number of
+distinct keys, as a ratio of the unlimited throughput in the same run; the worst overshoot seen;
+and enqueue -> start latency when every key has a free slot.
+
+What it measures, per backend (PostgreSQL; SQLite and memory beside it):
+
+1. **Throughput.** A table pre-filled with N no-op jobs of one queue (PostgreSQL and SQLite: rows
+   inserted directly, then `ANALYZE`d; memory: `insert_many`), drained by one runtime of W
+   workers until M jobs completed; jobs per second from the first start to the M-th. The
+   unlimited side's jobs have no key; the keyed side's job n has the key ``k<n % K>`` with
+   `max_concurrent` 1, for K in 1, 10, 1,000 and 100,000. Rounds alternate the sides, each on a
+   freshly filled table, and the figure is the median of the per-round ratios keyed / unlimited.
+   (With K keys at a limit of 1 at most K jobs run at once, so K = 1 runs one job at a time by
+   design: its figure is the cost of the limit, not a target.)
+2. **Overshoot.** Every handler of the keyed side counts the running jobs of its key on entry;
+   the worst count seen above 1 over every run is the overshoot (target 0).
+3. **Latency.** On an idle keyed queue, one job at a time, each with a key no job holds (one
+   free slot per key): ``perf_counter`` before ``enqueue`` to the handler's start, p50 and p99,
+   beside the same for jobs with no key.
+
+Usage (PostgreSQL on 127.0.0.1:5432, or the admin URL in NJ_BENCH_PG_URL; the script creates
+and drops its own database):
+
+    flock -x /work/locks/bench .venv/bin/python benchmarks/concurrency_keys.py
+    .venv/bin/python benchmarks/concurrency_keys.py --quick   # tiny sizes: only proves it runs
+
+Results are recorded in benchmarks/RESULTS.md ("Per-key concurrency"). Speed is never asserted in
+tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import attrs
+import psycopg
+import trio
+from psycopg import sql
+
+import nursery_jobs as nj
+from nursery_jobs.backends import NewJob
+
+try:  # imported as `benchmarks.concurrency_keys`
+    from .pg_common import PgUnavailable, backend_url, fresh_schema, percentile, render_table, throwaway_database
+except ImportError:  # run as a script: benchmarks/ is sys.path[0]
+    from pg_common import PgUnavailable, backend_url, fresh_schema, percentile, render_table, throwaway_database  # type: ignore[no-redef]
+
+QUEUE = "bench"
+SCHEMA = "keyed"
+
+
+@attrs.frozen
+class Sizes:
+    jobs: int = 20_000
+    """Pre-filled backlog per run."""
+    measured: int = 4_000
+    """Completions measured per run (the backlog stays large while they are counted)."""
+    serial_measured: int = 600
+    """Completions measured with a single key (one job at a time)."""
+    workers: int = 32
+    rounds: int = 2
+    keys: tuple[int, ...] = (1, 10, 1_000, 100_000)
+    probes: int = 200
+    backends: tuple[str, ...] = ("postgres", "sqlite", "memory")
+
+
+QUICK = Sizes(jobs=300, measured=100, serial_measured=20, workers=8, rounds=1, keys=(1, 10, 1_000), probes=10)
+
+
+class Box:
+    """Shared by a run's handlers and its main (one Trio thread)."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.count = 0
+        self.first = 0.0
+        self.last = 0.0
+        self.done = trio.Event()
+        self.running: dict[str, int] = {}
+        self.worst = 0
+        self.started: dict[int, float] = {}
+
+
+def build_app(workers: int, box: list[Box]) -> nj.App:
+    app = nj.App()
+    app.queue(QUEUE, max_workers=workers, timeout=60)
+
+    async def body(ctx: nj.JobContext, key: str | None) -> None:
+        b = box[0]
+        b.started[ctx.id] = time.perf_counter()
+        if key is not None:
+            n = b.running.get(key, 0) + 1
+            b.running[key] = n
+            b.worst = max(b.worst, n)
+        b.count += 1
+        if b.count == 1:
+            b.first = time.perf_counter()
+        if b.count == b.target:
+            b.last = time.perf_counter()
+            b.done.set()
+        await trio.lowlevel.checkpoint()
+        if key is not None:
+            b.running[key] -= 1
+
+    @app.job(queue=QUEUE, name="plain")
+    async def plain(ctx: nj.JobContext, n: int = 0) -> None:
+        await body(ctx, None)
+
+    @app.job(queue=QUEUE, name="keyed", concurrency_key=lambda args: args["key"], max_concurrent=1)
+    async def keyed(ctx: nj.JobContext, key: str, n: int = 0) -> None:
+        await body(ctx, key)
+
+    return app
+
+
+# -- filling --
+
+
+def pg_fill(url: str, n: int, keys: int | None) -> None:
+    fresh_schema(url, SCHEMA)
+    t = sql.SQL("{}.jobs").format(sql.Identifier(SCHEMA))
+    now = time.time() - 60
+    with psycopg.connect(url, autocommit=True) as conn:
+        if keys is None:
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (kind, queue, args, state, max_attempts, priority, run_at, created_at)"
+                    " SELECT 'plain', %s, '{{}}', 'available', 25, 0, %s + g * 1e-6, %s FROM generate_series(1, %s) g"
+                ).format(t),
+                (QUEUE, now, now, n),
+            )
+        else:
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (kind, queue, args, state, max_attempts, priority, run_at, created_at,"
+                    " concurrency_key, max_concurrent)"
+                    " SELECT 'keyed', %s, '{{\"key\": \"k' || (g %% %s) || '\"}}', 'available', 25, 0, %s + g * 1e-6, %s,"
+                    "  'k' || (g %% %s), 1 FROM generate_series(1, %s) g"
+                ).format(t),
+                (QUEUE, keys, now, now, keys, n),
+            )
+        conn.execute(sql.SQL("VACUUM ANALYZE {}").format(t))
+
+
+def sqlite_fill(path: str, n: int, keys: int | None) -> None:
+    import sqlite3
+
+    for suffix in ("", "-wal", "-shm"):
+        Path(path + suffix).unlink(missing_ok=True)
+    nj.run(_nothing, app=nj.App(), backend=f"sqlite:///{path}", queues=[])  # creates the schema
+    now = time.time() - 60
+    with sqlite3.connect(path) as conn:
+        rows = [
+            ("keyed" if keys is not None else "plain", QUEUE, '{"key": "k%d"}' % (g % keys) if keys is not None else "{}",
+             "available", 25, 0, now + g * 1e-6, now, None if keys is None else f"k{g % keys}", None if keys is None else 1)
+            for g in range(1, n + 1)
+        ]  # fmt: skip
+        conn.executemany(
+            "INSERT INTO nj_jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at,"
+            " concurrency_key, max_concurrent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+        conn.execute("ANALYZE")
+    conn.close()
+
+
+async def _nothing(rt: nj.Runtime) -> None:
+    return None
+
+
+def memory_jobs(n: int, keys: int | None) -> list[NewJob]:
+    if keys is None:
+        return [NewJob("plain", QUEUE, "{}", 0, None, 25) for _ in range(n)]
+    return [NewJob("keyed", QUEUE, '{"key": "k%d"}' % (g % keys), 0, None, 25, None, f"k{g % keys}", 1) for g in range(1, n + 1)]
+
+
+# -- one drain --
+
+
+def drain(backend: str, target: str, s: Sizes, keys: int | None) -> tuple[float, int]:
+    """(jobs per second, worst running count of one key) for one freshly filled backlog."""
+    measured = s.serial_measured if keys == 1 else s.measured
+    box = [Box(measured)]
+    app = build_app(s.workers, box)
+    memory: nj.MemoryBackend | None = None
+    if backend == "postgres":
+        pg_fill(target, s.jobs, keys)
+        where: Any = backend_url(target, SCHEMA)
+    elif backend == "sqlite":
+        sqlite_fill(target, s.jobs, keys)
+        where = f"sqlite:///{target}"
+    else:
+        memory = nj.MemoryBackend()
+        where = memory
+
+    if memory is not None:
+        nj.run(lambda rt: memory.insert_many(memory_jobs(s.jobs, keys)), app=nj.App(), backend=memory, queues=[])
+
+    async def main(rt: nj.Runtime) -> None:
+        with trio.fail_after(600):
+            await box[0].done.wait()
+
+    nj.run(main, app=app, backend=where, grace=0.0)
+    b = box[0]
+    return measured / max(b.last - b.first, 1e-9), b.worst
+
+
+def latency(backend: str, target: str, s: Sizes, keyed: bool) -> list[float]:
+    """Enqueue -> handler start, seconds, on an idle queue; keyed: a new key each time."""
+    box = [Box(0)]
+    app = build_app(s.workers, box)
+    if backend == "postgres":
+        fresh_schema(target, SCHEMA)
+        where: Any = backend_url(target, SCHEMA)
+    elif backend == "sqlite":
+        for suffix in ("", "-wal", "-shm"):
+            Path(target + suffix).unlink(missing_ok=True)
+        where = f"sqlite:///{target}"
+    else:
+        where = "memory://"
+
+    async def main(rt: nj.Runtime) -> list[float]:
+        out: list[float] = []
+        await trio.sleep(0.1)
+        for i in range(s.probes + 3):
+            await trio.sleep(0.005)
+            t0 = time.perf_counter()
+            if keyed:
+                job_id = await rt.enqueue("keyed", {"key": f"probe{i}"})
+            else:
+                job_id = await rt.enqueue("plain")
+            receipt = await rt.wait(job_id, timeout=5.0)
+            if not receipt.done:
+                raise RuntimeError(f"probe {job_id} did not finish within 5 s")
+            if i >= 3:  # the first ones warm the connections
+                out.append(box[0].started.pop(job_id) - t0)
+        return out
+
+    result: list[float] = nj.run(main, app=app, backend=where, grace=0.0)
+    return result
+
+
+# -- the run --
+
+
+def measure(backend: str, target: str, s: Sizes, log: Callable[[str], None]) -> list[list[str]]:
+    ratios: dict[int, list[float]] = {k: [] for k in s.keys}
+    rates: dict[int | None, list[float]] = {k: [] for k in (None, *s.keys)}
+    worst = 0
+    for r in range(s.rounds):
+        for keys in s.keys:
+            base, _ = drain(backend, target, s, None)
+            rate, w = drain(backend, target, s, keys)
+            worst = max(worst, w)
+            rates[None].append(base)
+            rates[keys].append(rate)
+            ratios[keys].append(rate / base)
+            log(f"  {backend} round {r + 1}: unlimited {base:,.0f}/s, {keys:,} keys {rate:,.0f}/s -> {rate / base:.2f} (worst {w})")
+    plain = latency(backend, target, s, keyed=False)
+    keyed = latency(backend, target, s, keyed=True)
+    rows = []
+    for keys in s.keys:
+        rows.append([
+            backend, f"{keys:,}", f"{statistics.median(rates[keys]):,.0f}", f"{statistics.median(rates[None]):,.0f}",
+            f"{statistics.median(ratios[keys]):.2f}", str(max(worst - 1, 0)),
+        ])  # fmt: skip
+    rows.append([
+        backend, "latency", f"p50 {percentile(keyed, 50) * 1e3:.2f} ms / p99 {percentile(keyed, 99) * 1e3:.2f} ms",
+        f"p50 {percentile(plain, 50) * 1e3:.2f} ms / p99 {percentile(plain, 99) * 1e3:.2f} ms", "", "",
+    ])  # fmt: skip
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: only proves the script runs")
+    parser.add_argument("--backends", default=None, help="comma-separated subset of postgres,sqlite,memory")
+    parser.add_argument("--keys", default=None, help="comma-separated numbers of distinct keys (default 1,10,1000,100000)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per number of keys (default 2)")
+    args = parser.parse_args(argv)
+    s = QUICK if args.quick else Sizes()
+    if args.backends:
+        s = attrs.evolve(s, backends=tuple(b.strip() for b in args.backends.split(",")))
+    if args.keys:
+        s = attrs.evolve(s, keys=tuple(int(k) for k in args.keys.split(",")))
+    if args.rounds:
+        s = attrs.evolve(s, rounds=args.rounds)
+    print(f"per-key concurrency: {s.jobs:,} jobs pre-filled, {s.workers} workers, keys {s.keys}, {s.rounds} round(s)")
+    rows: list[list[str]] = []
+    started = time.perf_counter()
+    try:
+        for backend in s.backends:
+            if backend == "postgres":
+                with throwaway_database("keyed") as url:
+                    rows += measure(backend, url, s, print)
+            else:
+                with tempfile.TemporaryDirectory() as folder:
+                    rows += measure(backend, str(Path(folder) / "jobs.db"), s, print)
+    except PgUnavailable as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    header = ["backend", "keys (limit 1)", "keyed jobs/s", "unlimited jobs/s", "ratio", "overshoot"]
+    print()
+    print(render_table([header, *rows]))
+    print(f"\n(latency rows: enqueue -> start with a free slot, keyed | unlimited; {time.perf_counter() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Named locks across processes: `rt.lock` (waits, bounded) and `rt.try_lock` (never waits).
+
+A lock is a row in the store (`LockStore`) with a random owner token and an expiry `ttl`
+seconds ahead on the backend's clock. While held it is renewed every ``ttl / 3``; a holder that
+crashes stops renewing, and the lock frees itself at most `ttl` after its last renewal.
+
+Fencing, for `rt.lock`: the renewal runs beside the block, and each renewal is cut at the
+moment the hold would expire (the time the last good renewal was *sent* plus `ttl`, so an
+answer that took long only makes that earlier). When a renewal is refused (the lock expired and
+may be another's) or cannot be made before that moment, the block is cancelled there -- it never
+runs past its hold -- and `LockLost` is raised where the block ends. The lock is released when
+the block ends, whatever ended it (shielded, bounded by `RELEASE_BOUND`; if the release cannot
+be made, the lock expires on its own).
+
+`rt.try_lock` has no block to cancel: its renewal is a task of the runtime, and a lost hold is
+logged and set on `release.lost`. Code that must never run unlocked uses
+``async with rt.lock(name, timeout=0):``, which also never waits.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Callable
+
+import trio
+
+from ..backends import LockStore
+from ..errors import ConfigError, LockLost, LockTimeout
+from ..infra.owner import TaskOwner, open_owner
+
+__all__ = ["Locks", "Release", "RELEASE_BOUND"]
+
+log = logging.getLogger("nursery_jobs")
+
+RELEASE_BOUND = 5.0
+"""The longest a release (at the end of a block, or `release()`) waits for the store."""
+MAX_POLL = 1.0
+"""The longest `rt.lock` waits between two tries while another holds the lock."""
+
+
+def _check(name: object, ttl: object, timeout: object = 0.0) -> None:
+    if not isinstance(name, str) or not name or len(name) > 512:
+        raise ConfigError(f"a lock name is a non-empty str of at most 512 characters, not {name!r}")
+    for what, value, low in (("ttl", ttl, 0.1), ("timeout", timeout, 0.0)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low:
+            raise ConfigError(f"lock {what} must be a finite number of seconds >= {low:g}, not {value!r}")
+
+
+class Release:
+    """`try_lock`'s release: ``await release()`` frees the lock (idempotent; does nothing when the
+    lock was not acquired). `lost` is set if the hold was lost before the release."""
+
+    def __init__(self, locks: Locks | None, name: str, token: str) -> None:
+        self._locks, self._name, self._token = locks, name, token
+        self.lost = trio.Event()
+        self._stop = trio.CancelScope()
+        self._done = locks is None
+
+    async def __call__(self) -> None:
+        if self._done:
+            await trio.lowlevel.checkpoint()
+            return
+        self._done = True
+        self._stop.cancel()
+        assert self._locks is not None
+        await self._locks._release(self._name, self._token)
+
+
+class Locks:
+    """The runtime's locks on `store`. `owner` (the runtime's task owner) runs `try_lock`'s
+    renewals."""
+
+    def __init__(self, store: LockStore, owner: Callable[[], TaskOwner | None]) -> None:
+        self._store = store
+        self._owner = owner
+
+    async def _acquire(self, name: str, token: str, ttl: float, timeout: float) -> float:
+        """Take the lock within `timeout` (`LockTimeout`); returns when its hold ends (Trio clock)."""
+        give_up = trio.current_time() + timeout
+        delay = 0.05
+        while True:
+            sent = trio.current_time()
+            if await self._store.acquire_lock(name, token, ttl):
+                return sent + ttl
+            if trio.current_time() + delay > give_up:
+                raise LockTimeout(
+                    f"lock {name!r} is held by another holder and was not freed within {timeout:g} s; "
+                    "raise timeout=, or use rt.try_lock to go on without it"
+                )
+            await trio.sleep(delay)
+            delay = min(delay * 2, MAX_POLL, ttl / 3)
+
+    async def _release(self, name: str, token: str) -> None:
+        with trio.CancelScope(shield=True), trio.move_on_after(RELEASE_BOUND) as bound:
+            try:
+                await self._store.release_lock(name, token)
+            except Exception:
+                log.exception(
+                    "releasing lock %r failed; it expires on its own",
+                    name,
+                    extra={"event": "lock_release_failed", "lock": name},
+                )
+        if bound.cancelled_caught:
+            log.warning(
+                "releasing lock %r took over %g s; it expires on its own",
+                name,
+                RELEASE_BOUND,
+                extra={"event": "lock_release_failed", "lock": name},
+            )
+
+    async def _renew(
+        self, name: str, token: str, ttl: float, until: float, on_lost: Callable[[str], None],
+        *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:  # fmt: skip
+        """Renew every ttl/3 until cancelled; call `on_lost` once the hold is lost."""
+        task_status.started()
+        while True:
+            await trio.sleep(max(0.0, min(ttl / 3, until - trio.current_time())))
+            held: bool | None = None
+            while held is None:
+                sent = trio.current_time()
+                if sent >= until:
+                    on_lost("it could not be renewed before it expired")
+                    return
+                with trio.move_on_at(until):
+                    try:
+                        held = await self._store.renew_lock(name, token, ttl)
+                    except Exception as exc:
+                        log.warning(
+                            "renewing lock %r failed (%s); retrying until it expires",
+                            name,
+                            exc,
+                            extra={"event": "lock_renew_failed", "lock": name},
+                        )
+                        await trio.sleep(min(ttl / 10, max(0.0, until - trio.current_time())))
+            if not held:
+                on_lost("it had expired, and may be another holder's")
+                return
+            until = sent + ttl
+
+    @asynccontextmanager
+    async def hold(self, name: str, ttl: float, timeout: float) -> AsyncIterator[None]:
+        _check(name, ttl, timeout)
+        token = secrets.token_hex(16)
+        until = await self._acquire(name, token, ttl, timeout)
+        why: list[str] = []
+        try:
+            try:
+                async with open_owner(f"lock:{name}") as owner:
+
+                    def lost(reason: str) -> None:
+                        why.append(reason)
+                        log.error(
+                            "lock %r was lost: %s; its block is cancelled",
+                            name,
+                            reason,
+                            extra={"event": "lock_lost", "lock": name},
+                        )
+                        owner.cancel_scope.cancel()
+
+                    await owner.start(self._renew, name, token, ttl, until, lost, name="renew")
+                    try:
+                        yield
+                    finally:
+                        owner.cancel_scope.cancel()  # the block is over: stop renewing
+            except BaseExceptionGroup as group:  # the block's own error, alone in the owner's group
+                if len(group.exceptions) == 1:
+                    raise group.exceptions[0] from None
+                raise
+        finally:
+            await self._release(name, token)
+        if why:
+            raise LockLost(f"lock {name!r} was lost while held ({why[0]}); the block was cancelled at that point")
+
+    async def try_lock(self, name: str, ttl: float) -> tuple[bool, Release]:
+        _check(name, ttl)
+        token = secrets.token_hex(16)
+        sent = trio.current_time()
+        if not await self._store.acquire_lock(name, token, ttl):
+            return False, Release(None, name, token)
+        release = Release(self, name, token)
+        owner = self._owner()
+        if owner is None:  # no runtime task owner (it is shutting down): the lock lives its ttl
+            return True, release
+
+        def lost(reason: str) -> None:
+            release.lost.set()
+            log.error(
+                "lock %r (rt.try_lock) was lost: %s", name, reason, extra={"event": "lock_lost", "lock": name}
+            )
+
+        async def renew(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            with release._stop:
+                await self._renew(name, token, ttl, sent + ttl, lost, task_status=task_status)
+
+        await owner.start(renew, name=f"lock:{name}")
+        return True, release

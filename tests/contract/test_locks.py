@@ -1,0 +1,72 @@
+"""`LockStore`: a lock is held by one owner at a time, renewed only while held, freed by its
+owner or by its expiry, on every backend, and across instances on one store."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+import nursery_jobs as nj
+
+from .common import opened
+
+
+@pytest.fixture(autouse=True)
+def _has_locks(make_backend) -> None:
+    """A capability of its own: a backend without it is not held to it (the package's backends
+    all have it: `tests/unit/test_locks.py`)."""
+    if not isinstance(make_backend(), nj.backends.LockStore):
+        pytest.skip("this backend does not implement LockStore")
+
+
+async def test_one_owner_at_a_time_until_released(make_backend, autojump_clock) -> None:
+    async with opened(make_backend) as backend:
+        assert isinstance(backend, nj.backends.LockStore)
+        assert await backend.acquire_lock("a", "me", 30)
+        assert not await backend.acquire_lock("a", "you", 30)
+        assert await backend.acquire_lock("b", "you", 30)  # locks are apart
+        assert await backend.acquire_lock("a", "me", 30)  # the owner again: extended
+        await backend.release_lock("a", "you")  # not the owner: nothing
+        assert not await backend.acquire_lock("a", "you", 30)
+        await backend.release_lock("a", "me")
+        await backend.release_lock("a", "me")  # idempotent
+        assert await backend.acquire_lock("a", "you", 30)
+
+
+async def test_a_lock_expires_after_its_ttl_and_is_renewed_only_while_held(make_backend, autojump_clock) -> None:
+    async with opened(make_backend) as backend:
+        assert isinstance(backend, nj.backends.LockStore)
+        assert await backend.acquire_lock("a", "me", 10)
+        await trio.sleep(8)
+        assert await backend.renew_lock("a", "me", 10)  # now held until 18
+        assert not await backend.renew_lock("a", "you", 10)
+        await trio.sleep(8)
+        assert not await backend.acquire_lock("a", "you", 10)  # 16: still mine
+        await trio.sleep(3)
+        assert not await backend.renew_lock("a", "me", 10)  # 19: expired, a crashed holder's
+        assert await backend.acquire_lock("a", "you", 10)
+        assert not await backend.renew_lock("a", "me", 10)
+        await backend.release_lock("a", "me")  # a stale owner's release frees nothing
+        assert not await backend.acquire_lock("a", "me", 10)
+
+
+async def test_concurrent_acquires_from_several_instances_give_the_lock_to_one(store, autojump_clock) -> None:
+    backends = [store.open() for _ in range(3)]
+    for backend in backends:
+        await backend.open()
+    try:
+        winners: list[str] = []
+
+        async def take(backend: nj.Backend, owner: str) -> None:
+            assert isinstance(backend, nj.backends.LockStore)
+            if await backend.acquire_lock("shared", owner, 30):
+                winners.append(owner)
+
+        async with trio.open_nursery() as nursery:
+            for i, backend in enumerate(backends):
+                for j in range(3):
+                    nursery.start_soon(take, backend, f"owner-{i}-{j}")
+        assert len(winners) == 1
+    finally:
+        for backend in backends:
+            await backend.close()
