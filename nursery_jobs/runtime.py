@@ -224,7 +224,8 @@ class Runtime(Client):
     def begin_shutdown(self) -> None:
         """Start the shutdown now: refuse enqueues and stop claiming, while the service's own
         code (main) is still winding down; sets `shutdown_requested`. Leaving `open_runtime`
-        does the rest. The outbox relay stops first: no job is made after this."""
+        does the rest. The outbox relay and the periodic scheduler stop first: no job is made
+        by them after this."""
         self.relay_service.stop()
         self.shutdown_requested.set()
         self.periodic_service.stop()
