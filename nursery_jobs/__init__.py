@@ -43,7 +43,7 @@ from .errors import (
 from .infra.threads import run_blocking
 from .jobs import Discard, Job, JobContext, JobError, JobId, JobState, Receipt, Resource, Resources, Snooze
 from .client import Client, QueueStats
-from .runtime import Runtime, open_runtime, run
+from .runtime import Runtime, open_runtime, publish, run
 from .services.periodic import PeriodicInfo
 
 if _TYPE_CHECKING:
@@ -84,6 +84,7 @@ __all__ = [
     "UnknownJob",
     "open_backend",
     "open_runtime",
+    "publish",
     "run",
     "run_blocking",
 ]

@@ -34,7 +34,7 @@ from .jobs import ArgsChecker, Resource, Resources, check_context_param, encode_
 if TYPE_CHECKING:
     from .jobs import JobContext, JobId
 
-__all__ = ["App", "EnqueueOptions", "JobKind", "Periodic"]
+__all__ = ["App", "EnqueueOptions", "JobKind", "Periodic", "Subscription"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -343,6 +343,18 @@ class Periodic:
         return self.kind.new_job(self.args, _NO_OPTIONS, now)
 
 
+@attrs.frozen
+class Subscription:
+    """One kind subscribed to one topic (`App.subscribe`): each event of the topic becomes one
+    job of `kind`, unless `filter(payload)` is false; its args are `args(payload)`, or the
+    payload itself when `args` is None."""
+
+    topic: str
+    kind: JobKind[Any, Any]
+    filter: Callable[[Any], Any] | None = None
+    args: Callable[[Any], Mapping[str, Any]] | None = None
+
+
 class App:
     """The declaration of a service's background work.
 
@@ -360,6 +372,7 @@ class App:
         self._middleware: list[Middleware] = []
         """Run around every attempt, outermost first (see `execution.attempt.KindRunner`)."""
         self._resources: dict[str, Resource[Any]] = {}
+        self._subscriptions: dict[str, list[Subscription]] = {}
         self._periodic: dict[str, Periodic] = {}
 
     @property
@@ -554,6 +567,56 @@ class App:
         """True if the queue was declared with `app.queue` or a job kind uses it (the "default"
         queue exists either way)."""
         return name in self._declared or any(k.queue == name for k in self._kinds.values())
+
+    @property
+    def subscriptions(self) -> Mapping[str, tuple[Subscription, ...]]:
+        """The subscribed kinds per topic, in declaration order."""
+        return {topic: tuple(subs) for topic, subs in self._subscriptions.items()}
+
+    def subscribe(
+        self,
+        topic: str,
+        *,
+        filter: Callable[[Any], Any] | None = None,
+        args: Callable[[Any], Mapping[str, Any]] | None = None,
+    ) -> Callable[[JobKind[P, R]], JobKind[P, R]]:
+        """Make a job kind a subscriber of `topic`, stacked on `@app.job`::
+
+            @app.subscribe("doc.written")
+            @app.job(queue="index")
+            async def index_doc(ctx, doc_id: int) -> None: ...
+
+        Each event published on `topic` (`nj.publish`, `rt.publish`) becomes one job of every
+        kind subscribed to it (fan-out), with the payload as its keyword arguments. `filter`, a
+        function of the payload, leaves the event out for this kind when it returns false;
+        `args`, a function of the payload returning the job's keyword arguments, is for a
+        payload that is not already those. Both run in the relay, on the Trio thread: keep
+        them quick and pure. One that raises, or args that do not fit the handler, never stops
+        the relay: this kind's job of that event is not made, and an error is logged naming the
+        event, the kind and the reason (the other subscribers' jobs are made); see
+        docs/outbox.md. Raises `ConfigError` for a bad topic, a kind of another app, a kind
+        subscribed twice to one topic, or a `filter`/`args` that is not callable.
+        """
+        topic = check_name("topic", topic)
+        for what, fn in (("filter", filter), ("args", args)):
+            if fn is not None and not callable(fn):
+                raise ConfigError(f"subscribe({topic!r}): {what} must be a function of the payload, not {fn!r}")
+
+        def register(kind: JobKind[P, R]) -> JobKind[P, R]:
+            if not isinstance(kind, JobKind):
+                raise ConfigError(
+                    f"@app.subscribe({topic!r}) goes above @app.job(...) (it takes the job kind @app.job "
+                    f"made), not on {getattr(kind, '__qualname__', kind)!r}"
+                )
+            if self._kinds.get(kind.name) is not kind:
+                raise ConfigError(f"job {kind.name!r} is not a kind of this app; subscribe it on the app that declares it")
+            subs = self._subscriptions.setdefault(topic, [])
+            if any(sub.kind is kind for sub in subs):
+                raise ConfigError(f"job {kind.name!r} is subscribed to topic {topic!r} twice; subscribe it once")
+            subs.append(Subscription(topic, kind, filter, args))
+            return kind
+
+        return register
 
     def kind(self, name: str) -> JobKind[Any, Any]:
         try:

@@ -19,12 +19,13 @@ import attrs
 import trio
 
 from .app import App, EnqueueOptions, JobKind
-from .backends import Backend, NewJob, QueueCounts, TransactionalEnqueue
+from .backends import Backend, NewJob, Outbox, QueueCounts, TransactionalEnqueue
+from .config import check_name
 from .coordination.receipts import Receipts
 from .config import DEFAULT_QUEUE
 from .errors import ConfigError, RuntimeClosed
 from .infra.threads import ThreadBudget
-from .jobs import Job, JobId, JobState, Receipt, _ExistingJobId, check_job_id
+from .jobs import Job, JobId, JobState, Receipt, _ExistingJobId, check_job_id, encode_payload
 
 __all__ = ["Client", "QueueStats"]
 
@@ -226,6 +227,38 @@ class Client:
         async with backend.transaction() as conn:
             yield conn
 
+    # -- the outbox --
+
+    def _outbox(self, what: str) -> Outbox:
+        backend = self.backend
+        if not isinstance(backend, Outbox):
+            raise ConfigError(f"{what} needs a backend with an outbox (memory, SQLite, PostgreSQL); {backend.url} has none")
+        return backend
+
+    async def publish(self, topic: str, payload: Any) -> None:
+        """Publish an event on `topic` now, in a transaction of the backend's own: every job
+        kind subscribed to `topic` (`@app.subscribe`) gets one job of it, made by the relay of
+        whichever process claims it. For an event that must commit with your own rows, use
+        ``nj.publish(conn, topic, payload)`` inside the transaction instead.
+
+        `payload`: a JSON value, held to the rules of job args (`ArgsError`); it becomes the
+        subscribers' keyword arguments (or goes through their `args=` mapping). `topic`: a name
+        like a queue's (`ConfigError`). Raises RuntimeClosed once shutdown began."""
+        backend = self._outbox("rt.publish")
+        event = (check_name("topic", topic), encode_payload(payload))
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        await backend.publish([event])
+
+    async def publish_tx(self, conn: Any, topic: str, payload: Any) -> None:
+        """`publish` inside the transaction open on `conn` (the connections `enqueue_tx`
+        takes): the event exists only if that transaction commits. See `nj.publish`."""
+        backend = self._outbox("nj.publish")
+        event = (check_name("topic", topic), encode_payload(payload))
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        await backend.publish_tx(conn, [event])
+
     # -- read, wait, cancel --
 
     async def get_job(self, job_id: int) -> Job:
@@ -286,3 +319,4 @@ class Client:
                 interrupted_attempts=c.interrupted,
             )
         return out
+

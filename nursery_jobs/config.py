@@ -17,6 +17,8 @@
 | `keep_completed` / `keep_cancelled` / `keep_discarded` | 24 h / 24 h / 7 days | final jobs are deleted this long after they ended | River's periods: discarded jobs are what an operator investigates, so they stay longest |
 | `retention_interval` | 5 min (at least 1 s) | how often retention runs | deletes in small, frequent batches instead of one large sweep; a shorter interval only spins a DELETE loop |
 | `blocked_loop_warning` | 0.25 s | a task step that holds the Trio loop longer is logged as a warning naming its job (id, kind, queue) and how long it held the loop; `None` turns the watch off | a quarter second is a stall a user notices, and far above any step that awaits as it should (microseconds) or a garbage collection; the watch costs about 4 % of a no-op job's CPU, less of any real job's, so it is on by default |
+| `relay_batch` | 200 | outbox rows one relay pass claims at most (one short transaction each) | a 2,000-event import becomes ten short transactions, never one long one that holds locks and a connection; 200 rows are a few milliseconds of inserts |
+| `relay_interval` | 1 s (at least 0.01 s) | how often a relay looks for events when no wake-up came | a publish wakes its own process's relay at once and, on PostgreSQL, every other's by NOTIFY; the poll covers a lost or absent wake-up (SQLite's other processes, a caller's own connection) |
 | `poll_interval` | backend's (memory: none; SQLite and PostgreSQL: 1 s); at least 0.01 s | fallback fetch when no wake-up arrives, and how often a receipt awaited in another process looks again; `QueueConfig.poll_interval` overrides per queue (awaited queues: 0.1 s) | wake-ups from other processes can be lost or absent; polling bounds the delay |
 """
 
@@ -244,6 +246,10 @@ class RuntimeSettings:
     retention_interval: float = attrs.field(default=300.0, validator=_at_least(1.0))
     blocked_loop_warning: float | None = attrs.field(default=0.25, validator=_timeout_validator)
     """Warn when one task step holds the Trio loop longer than this many seconds (None: never)."""
+    relay_batch: int = attrs.field(default=200, validator=_positive_int)
+    """Outbox rows one relay pass claims at most."""
+    relay_interval: float = attrs.field(default=1.0, validator=_at_least(0.01))
+    """How often the relay looks for events when no wake-up came."""
 
     def __attrs_post_init__(self) -> None:
         if self.rescue_after < 3 * self.heartbeat_interval:

@@ -48,6 +48,7 @@ __all__ = [
     "decode_args",
     "describe_exception",
     "encode_args",
+    "encode_payload",
     "format_traceback",
 ]
 
@@ -410,6 +411,17 @@ def encode_args(args: Any) -> str:
             "non-str keys become str); pass lists and dicts with str keys"
         )
     return text
+
+
+def encode_payload(payload: Any) -> str:
+    """The JSON text of an outbox event's `payload` (any JSON value: an object, a list, a
+    scalar), refused by the rules of `encode_args` (`ArgsError`): what a payload may hold is
+    what a job's args may hold, since the payload becomes a job's args."""
+    try:
+        text = encode_args({"payload": payload})
+    except ArgsError as exc:
+        raise ArgsError(str(exc).replace("job args", "the event payload", 1)) from None
+    return text[len('{"payload":') : -1]
 
 
 def _check_depth(args: dict[str, Any]) -> None:

@@ -8,12 +8,13 @@ takes the whole runtime.
 Start order (each step only once the previous one is ready): validate the app and settings ->
 open the backend -> subscribe to its events -> the app's resources, in declaration order -> the
 backend's own service (LISTEN) -> completer -> heartbeats, cancel hints, rescuer, retention ->
-the periodic scheduler -> one executor per queue -> user code.
+the periodic scheduler -> the outbox relay -> one executor per queue -> user code.
 
 Shutdown reverses it, and every step is bounded:
 
-1. stop the periodic scheduler, refuse new enqueues (`RuntimeClosed`) and stop claiming:
-   fetchers stop, idle workers exit;
+1. stop the outbox relay (its pass in flight rolls back, its rows stay) and the periodic
+   scheduler, refuse new enqueues (`RuntimeClosed`) and stop claiming: fetchers stop, idle
+   workers exit;
 2. wait up to `grace` seconds for running attempts to finish on their own;
 3. cancel what is still running, with the reason "shutdown": those attempts are *interrupted*,
    not failed -- the attempt is given back and the job is available again (on durable backends,
@@ -53,7 +54,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence, T
 import attrs
 import trio
 
-from ._context import culprit_of, current_enqueuer, current_resources
+from ._context import culprit_of, current_enqueuer, current_resources, get_enqueuer
 from .app import App
 from .backends import (
     Backend,
@@ -62,6 +63,8 @@ from .backends import (
     ClaimedJob,
     JobFinalized,
     JobsAvailable,
+    Outbox,
+    OutboxPublished,
     LockStore,
     ScheduleStore,
     open_backend,
@@ -82,11 +85,12 @@ from .infra.watchdog import watch_blocked_loop
 from .services import ServiceSet
 from .services.backend import BackendService
 from .services.heartbeats import CancelHints, Heartbeats
+from .services.relay import Relay, Router
 from .services.periodic import PeriodicInfo, Scheduler
 from .services.rescuer import Rescuer
 from .services.retention import Retention
 
-__all__ = ["QueueStats", "Runtime", "open_runtime", "run"]
+__all__ = ["QueueStats", "Runtime", "open_runtime", "publish", "run"]
 
 log = logging.getLogger("nursery_jobs")
 
@@ -147,6 +151,13 @@ class Runtime(Client):
                 ),
             ]
         )
+        router = Router(app.subscriptions, backend.now)
+        self.relay: Relay | None = None
+        """The outbox relay (None when the app subscribes to nothing or the backend has no
+        outbox); its own service set, started after the others and stopped first."""
+        if router.topics and isinstance(backend, Outbox):
+            self.relay = Relay(backend, router, batch=settings.relay_batch, interval=settings.relay_interval)
+        self.relay_service = ServiceSet([self.relay] if self.relay is not None else [])
         schedules = list(app.periodic_schedules.values())
         if schedules and not isinstance(backend, ScheduleStore):
             raise ConfigError(
@@ -197,6 +208,9 @@ class Runtime(Client):
                 executor = self.executors.get(event.queue)
                 if executor is not None:
                     executor.wake_up(event.due)
+        elif type(event) is OutboxPublished:
+            if self.relay is not None:
+                self.relay.wake()
         elif isinstance(event, CancelRequested):
             if event.verified:
                 attempt = self.attempts.get(event.job_id)
@@ -210,7 +224,9 @@ class Runtime(Client):
     def begin_shutdown(self) -> None:
         """Start the shutdown now: refuse enqueues and stop claiming, while the service's own
         code (main) is still winding down; sets `shutdown_requested`. Leaving `open_runtime`
-        does the rest."""
+        does the rest. The outbox relay and the periodic scheduler stop first: no job is made
+        by them after this."""
+        self.relay_service.stop()
         self.shutdown_requested.set()
         self.periodic_service.stop()
         self.closing = True
@@ -328,6 +344,23 @@ class Runtime(Client):
             self.backend_service.stop()
 
 
+async def publish(conn: Any, topic: str, payload: Any) -> None:
+    """Publish an event on `topic` inside the transaction open on `conn`, with the runtime of
+    the current context: the event -- and so the job of every kind subscribed to `topic` --
+    exists if and only if that transaction commits (docs/outbox.md).
+
+    `conn`: the connection ``rt.transaction()`` lends, or one of your own, as for
+    `kind.enqueue_tx`: a psycopg `Connection` or `AsyncConnection` to the runtime's database,
+    or a `sqlite3.Connection` to the backend's file (memory has only ``rt.transaction()``; or
+    use ``rt.publish(topic, payload)`` outside a transaction). `payload`: a JSON value held to
+    the rules of job args (`ArgsError`). Raises ConfigError for a bad topic or a connection the
+    backend cannot use, RuntimeClosed outside a runtime or once shutdown began."""
+    client = get_enqueuer("nj.publish()")
+    if not isinstance(client, Client):
+        raise ConfigError(f"nj.publish() needs the runtime's client in this context, not {client!r}")
+    await client.publish_tx(conn, topic, payload)
+
+
 def _queue_poll(app: App, queue: str) -> float | None:
     cfg = app.queues.get(queue)
     return cfg.poll_interval if cfg is not None else None
@@ -416,6 +449,7 @@ async def open_runtime(
                 await owner.start(rt.completer.run, name="completer")
                 await rt.services.start(owner)
                 await rt.periodic_service.start(owner)
+                await rt.relay_service.start(owner)
                 for name, executor in rt.executors.items():
                     await owner.start(executor.run, name=f"queue:{name}")
                 graceful = True

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import itertools
 import math
 import time
 from contextlib import asynccontextmanager
@@ -48,9 +49,12 @@ from .protocol import (
     JobsAvailable,
     Listener,
     NewJob,
+    OutboxEvent,
+    OutboxPublished,
     Outcome,
     OutcomeKind,
     QueueCounts,
+    Route,
     ScheduleState,
 )
 
@@ -106,10 +110,12 @@ class MemoryTransaction:
     """What `rt.transaction()` yields on the memory backend: the jobs enqueued in it, shown
     at its commit. It runs no SQL (a service's own rows need a database)."""
 
-    __slots__ = ("backend", "jobs", "open", "results")
+    __slots__ = ("backend", "events", "jobs", "open", "results")
 
     def __init__(self, backend: MemoryBackend) -> None:
         self.backend = backend
+        self.events: list[tuple[str, str]] = []
+        """Outbox events published in it, stored at its commit."""
         self.jobs: list[NewJob] = []
         self.results: list[InsertResult] = []
         self.open = True
@@ -144,6 +150,9 @@ class MemoryBackend:
         self._parked: dict[str, dict[int, list[tuple[int, float, int, int]]]] = {}
         """key -> limit -> due-heap entries held back because the key was at that limit."""
         self._next_id = 1
+        self._outbox: dict[int, tuple[str, str]] = {}
+        """Outbox events not relayed yet, by id (in publish order)."""
+        self._next_event = 1
         self._schedules: dict[str, ScheduleState] = {}
         self._locks: dict[str, tuple[str, float]] = {}
         self._wall_offset: float | None = None
@@ -355,6 +364,8 @@ class MemoryBackend:
             raise
         tx.open = False
         self._store(tx.jobs, tx.results, self.now())
+        if tx.events:
+            self._add_events(tx.events)
 
     async def insert_tx(self, conn: Any, jobs: Sequence[NewJob]) -> list[InsertResult]:
         if not isinstance(conn, MemoryTransaction) or conn.backend is not self:
@@ -368,6 +379,45 @@ class MemoryBackend:
         conn.jobs.extend(jobs)
         conn.results.extend(results)
         return results
+
+    # -- the outbox --
+
+    def _add_events(self, events: Sequence[tuple[str, str]]) -> None:
+        for event in events:
+            self._outbox[self._next_event] = event
+            self._next_event += 1
+        self._emit(OutboxPublished())
+
+    async def publish(self, events: Sequence[tuple[str, str]]) -> None:
+        if events:
+            self._add_events(events)
+
+    async def publish_tx(self, conn: Any, events: Sequence[tuple[str, str]]) -> None:
+        if not isinstance(conn, MemoryTransaction) or conn.backend is not self:
+            raise ConfigError(
+                "publish on the memory backend takes the transaction of "
+                f"`async with rt.transaction() as tx:`, not {type(conn).__name__}; outside one, use rt.publish"
+            )
+        if not conn.open:
+            raise ConfigError("publish: this transaction has ended; publish inside its `async with` block")
+        conn.events.extend(events)
+
+    async def relay(self, topics: Sequence[str], route: Route, limit: int) -> int:
+        # Never yields: the pass is atomic, as a durable backend's transaction is.
+        wanted = set(topics)
+        claimed = list(
+            itertools.islice(
+                (OutboxEvent(i, t, p) for i, (t, p) in self._outbox.items() if t in wanted), max(limit, 0)
+            )
+        )
+        if not claimed:
+            return 0
+        jobs = [job for made in route(claimed) for job in made]
+        for event in claimed:
+            del self._outbox[event.id]
+        if jobs:
+            self._store(jobs, self._admit(jobs), self.now())
+        return len(claimed)
 
     async def claim(self, queue: str, limit: int, *, max_running: int | None = None) -> ClaimResult:
         now = self.now()

@@ -92,8 +92,11 @@ from .protocol import (
     JobsAvailable,
     Listener,
     NewJob,
+    OutboxEvent,
+    OutboxPublished,
     Outcome,
     QueueCounts,
+    Route,
     ScheduleState,
 )
 from .rows import counts_from_rows, job_from_row
@@ -618,6 +621,9 @@ class PostgresBackend:
             self._emit([JobsAvailable(payload)])
             return
         kind, _, ids = payload.partition(":")
+        if kind == "o":
+            self._emit([OutboxPublished()])
+            return
         events: list[BackendEvent] = []
         for text in ids.split(","):
             if text.isdigit():
@@ -991,7 +997,7 @@ class PostgresBackend:
                     "keep transactions short (no network calls inside), or raise pool_size"
                 ) from None
         try:
-            staged: list[tuple[Sequence[NewJob], list[float], list[InsertResult], float]] = []
+            staged: list[tuple[Sequence[NewJob], list[float], list[InsertResult], float] | OutboxPublished] = []
             async with AsyncExitStack() as stack:
                 try:
                     conn = await stack.enter_async_context(self.pool.connection())
@@ -1039,8 +1045,11 @@ class PostgresBackend:
                         raise
                 finally:
                     del self._lent[conn]
-            for jobs, run_ats, results, now in staged:  # committed: tell this process's runtime
-                self._emit_inserted(jobs, run_ats, results, now)
+            for entry in staged:  # committed: tell this process's runtime
+                if isinstance(entry, OutboxPublished):
+                    self._emit([entry])
+                else:
+                    self._emit_inserted(*entry)
         finally:
             slots.release()
 
@@ -1069,7 +1078,78 @@ class PostgresBackend:
             staged.append((jobs, run_ats, results, now))
         return results
 
-    def _session_for(self, conn: Any) -> _Session:
+    # -- the outbox --
+
+    async def publish(self, events: Sequence[tuple[str, str]]) -> None:
+        if not events:
+            await trio.lowlevel.checkpoint()
+            return
+        q, params = self._publish_params(events)
+        # Not retried: whether a lost connection's insert committed is unknown.
+        await self._run(lambda c: _one(c, q, params), retry=False)
+        self._emit([OutboxPublished()])
+
+    def _publish_params(self, events: Sequence[tuple[str, str]]) -> tuple[bytes, tuple[Any, ...]]:
+        topics = [t for t, _ in events]
+        payloads = [p for _, p in events]
+        return self._q["publish"], (self.now(), topics, payloads, self._events_channel)
+
+    async def publish_tx(self, conn: Any, events: Sequence[tuple[str, str]]) -> None:
+        staged = None
+        if isinstance(conn, TrioConnection):  # only ever one of the pool's: lent, or no longer
+            staged = self._lent.get(conn)
+            if staged is None:
+                raise ConfigError(
+                    "publish: this transaction has ended (its connection went back to the pool); "
+                    "publish inside its `async with rt.transaction()` block"
+                )
+        session = self._session_for(conn, "publish")
+        q, params = self._publish_params(events)
+        try:
+            await session.one(q, params)
+        except psycopg.errors.UndefinedTable as exc:
+            raise ConfigError(
+                f"publish: the connection reaches database {conn.info.dbname!r}, which has no nursery_jobs schema "
+                f"{self.schema!r} at version 9 or later; pass a connection to the runtime's database ({self.url}) "
+                "and run `nursery-jobs migrate`"
+            ) from exc
+        except psycopg.Error as exc:
+            raise redact_exception(exc, self.conninfo)
+        if staged is not None:
+            staged.append(OutboxPublished())
+
+    async def relay(self, topics: Sequence[str], route: Route, limit: int) -> int:
+        if limit <= 0 or not topics:
+            await trio.lowlevel.checkpoint()
+            return 0
+        now = self.now()
+        wanted = list(topics)
+        claim, delete = self._q["relay_claim"], self._q["relay_delete"]
+
+        async def one_pass(conn: TrioConnection) -> tuple[int, list[NewJob], list[float], list[InsertResult]]:
+            # One short transaction: claim (rows other passes hold are skipped, not waited
+            # for), route in memory, insert the jobs, delete the rows. Anything that raises in
+            # it -- route, a lost connection, a cancellation -- rolls all of it back.
+            async with conn.transaction():
+                rows = await _all(conn, claim, (wanted, limit))
+                if not rows:
+                    return 0, [], [], []
+                claimed = [OutboxEvent(r[0], r[1], r[2]) for r in rows]
+                jobs = [job for made in route(claimed) for job in made]
+                run_ats = [now if j.run_at is None or j.run_at < now else j.run_at for j in jobs]
+                results = await self._insert(_TrioSession(conn), jobs, run_ats, now)
+                await _exec(conn, delete, (_int_array([e.id for e in claimed]),))
+            return len(claimed), jobs, run_ats, results
+
+        # Safe to repeat: a pass that committed before its connection was lost deleted its
+        # rows, so the retry finds them gone and makes no second job.
+        count, jobs, run_ats, results = await self._run(one_pass)
+        if jobs:
+            self._emit_inserted(jobs, run_ats, results, now)
+        relayed: int = count
+        return relayed
+
+    def _session_for(self, conn: Any, what: str = "enqueue_tx") -> _Session:
         if isinstance(conn, TrioConnection):
             session: _Session = _TrioSession(conn)
         elif isinstance(conn, psycopg.AsyncConnection):
@@ -1077,7 +1157,7 @@ class PostgresBackend:
 
             if not loop_running():
                 raise ConfigError(
-                    "enqueue_tx with an async psycopg connection needs a trio-asyncio loop: open one "
+                    f"{what} with an async psycopg connection needs a trio-asyncio loop: open one "
                     "with `async with trio_asyncio.open_loop():` around your code, or pass a sync Connection"
                 )
             session = _AsyncioSession(conn)
@@ -1085,13 +1165,13 @@ class PostgresBackend:
             session = _ThreadSession(conn)
         else:
             raise ConfigError(
-                "enqueue_tx on the PostgreSQL backend takes the connection rt.transaction() lends, or a psycopg "
+                f"{what} on the PostgreSQL backend takes the connection rt.transaction() lends, or a psycopg "
                 f"Connection or AsyncConnection of your own, not {type(conn).__name__}"
             )
         if self._dbname is not None and conn.info.dbname != self._dbname:
             raise ConfigError(
-                f"enqueue_tx got a connection to database {conn.info.dbname!r}, but this runtime's jobs are in "
-                f"{self._dbname!r} ({self.url}); enqueue on a connection to that database"
+                f"{what} got a connection to database {conn.info.dbname!r}, but this runtime's jobs are in "
+                f"{self._dbname!r} ({self.url}); use a connection to that database"
             )
         return session
 
@@ -1610,6 +1690,20 @@ _QUERIES: dict[str, sql.SQL] = {
         "SELECT id, kind, queue, args, state, attempt, max_attempts, priority, run_at, created_at,"
         " attempted_at, finalized_at, errors::text, unique_key FROM {s}.jobs WHERE id = %s"
     ),
+    # The outbox (migration 0009): one statement per publish, its NOTIFY sent at the commit.
+    "publish": sql.SQL(
+        "WITH ins AS (INSERT INTO {s}.outbox (topic, payload, created_at)"
+        " SELECT t, p, %s::float8 FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS u(t, p, ord) ORDER BY ord"
+        " RETURNING 1)"
+        " SELECT (SELECT count(*) FROM ins), pg_notify(%s, 'o:')"
+    ),
+    # Claims rows, never a range after a remembered id: a row whose transaction commits after a
+    # later row's is claimed by the next pass, not skipped.
+    "relay_claim": sql.SQL(
+        "SELECT id, topic, payload FROM {s}.outbox WHERE topic = ANY(%s::text[])"
+        " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
+    ),
+    "relay_delete": sql.SQL("DELETE FROM {s}.outbox WHERE id = ANY(%s::bigint[])"),
     "stats": sql.SQL(
         "SELECT queue, state, count(*), sum(failed_attempts), sum(interrupted) FROM {s}.jobs GROUP BY queue, state"
     ),

@@ -18,15 +18,16 @@ Capabilities:
 - `TransactionalEnqueue`: enqueue inside a database transaction, the backend's own
   (`transaction`) or the caller's, on the caller's own connection (SQLite, PostgreSQL; memory
   has a transaction of its own).
+- `Outbox`: events published in a transaction (or outside one) and relayed into jobs by
+  claiming rows (`publish_tx`, `publish`, `relay`): memory, SQLite, PostgreSQL.
 - `LockStore`: named locks with an owner token and an expiry (`rt.lock`, `rt.try_lock`).
 - `ScheduleStore`: periodic schedules' last ticks, and a tick's job enqueued exactly once
   across processes (a conditional update of the schedule's row, in the insert's transaction).
 - Per-key and per-queue concurrency limits are part of `claim` (a job carries its key and
   limit from `insert_many`; `claim` takes the queue's `max_running`): every backend enforces
   them, since a backend that ignored them would break the guarantee silently.
-- Coming capabilities (the outbox, admin queries for the CLI and the dashboard) are
-  protocols of their own beside these, so a backend without them still works and says so by not
-  implementing them.
+- Coming capabilities (admin queries for the CLI and the dashboard) are protocols of their own
+  beside these, so a backend without them still works and says so by not implementing them.
 
 Events are delivered to every listener, in order, synchronously, without blocking the backend.
 An event that comes from outside the process (a PostgreSQL notification, an SQLite wake-up
@@ -60,9 +61,13 @@ __all__ = [
     "Listener",
     "NewJob",
     "Notifier",
+    "Outbox",
+    "OutboxEvent",
+    "OutboxPublished",
     "Outcome",
     "OutcomeKind",
     "QueueCounts",
+    "Route",
     "LockStore",
     "ScheduleState",
     "ScheduleStore",
@@ -164,7 +169,12 @@ class JobFinalized(NamedTuple):
     error: str | None = None
 
 
-BackendEvent = Union[JobsAvailable, CancelRequested, JobFinalized]
+class OutboxPublished(NamedTuple):
+    """Outbox events may be waiting to be relayed (a hint: the relay claims rows, it never
+    trusts a count)."""
+
+
+BackendEvent = Union[JobsAvailable, CancelRequested, JobFinalized, OutboxPublished]
 Listener = Callable[[BackendEvent], None]
 
 
@@ -361,6 +371,55 @@ class TransactionalEnqueue(Protocol):
         emitted after its commit; for a caller's own, none in-process -- other processes, and
         this one, hear of the jobs at the commit where the database can say so (PostgreSQL's
         NOTIFY), and at their next poll otherwise."""
+        ...
+
+
+class OutboxEvent(NamedTuple):
+    """One outbox row, as a relay pass claimed it."""
+
+    id: int
+    topic: str
+    payload_json: str
+
+
+Route = Callable[[Sequence[OutboxEvent]], list[list[NewJob]]]
+"""The jobs a relay pass makes of the events it claimed, one list per event in order (no I/O;
+it never raises for an event's content: `services.relay.Router` logs and leaves out what it
+cannot make)."""
+
+
+@runtime_checkable
+class Outbox(Protocol):
+    """The transactional outbox: events stored with the caller's rows, relayed into jobs.
+
+    An event is a row (topic, payload as JSON text). `relay` claims rows -- never "rows after
+    the last id seen", which would skip a row whose transaction committed after a later one's
+    -- turns them into jobs with `route`, inserts the jobs and deletes the rows in one short
+    transaction: each event becomes its jobs exactly once however many relays run, and a pass
+    cut anywhere (a crash, a cancellation, `route` raising) changes nothing."""
+
+    async def publish(self, events: Sequence[tuple[str, str]]) -> None:
+        """Store `events` ((topic, payload JSON) pairs, validated by the caller) in one
+        transaction of the backend's own; emits `OutboxPublished` after the commit (and tells
+        the other processes where the backend can)."""
+        ...
+
+    async def publish_tx(self, conn: Any, events: Sequence[tuple[str, str]]) -> None:
+        """Store `events` inside the transaction open on `conn`, with the connections
+        `TransactionalEnqueue.insert_tx` takes (the same checks, the same `ConfigError`s). They
+        exist only if that transaction commits; `OutboxPublished` comes after the commit of a
+        `transaction()` connection, and for a caller's own only where the database tells
+        (PostgreSQL's NOTIFY), otherwise at the relays' next poll."""
+        ...
+
+    async def relay(self, topics: Sequence[str], route: Route, limit: int) -> int:
+        """One pass: claim at most `limit` rows of `topics` (rows of other topics are never
+        touched: another app may subscribe to them), oldest first among those no concurrent
+        pass holds, make their jobs with ``route(events)``, insert them as `insert_many` would
+        (unique keys included) and delete the rows, all in one transaction. Returns how many
+        rows the pass claimed (the caller passes again while it is `limit`). Emits the inserted
+        jobs' `JobsAvailable` after the commit. If `route` raises, or the pass is cancelled or
+        its connection lost, nothing is inserted and no row deleted."""
         ...
 
 

@@ -58,8 +58,11 @@ from .protocol import (
     JobsAvailable,
     Listener,
     NewJob,
+    OutboxEvent,
+    OutboxPublished,
     Outcome,
     QueueCounts,
+    Route,
     ScheduleState,
 )
 from .transitions import CancelAction, admit, after_outcome, after_rescue, on_cancel
@@ -120,6 +123,15 @@ CREATE INDEX IF NOT EXISTS nj_jobs_finalized ON nj_jobs (state, finalized_at)
 -- While a job with a unique key is not final, no other job may hold that key.
 CREATE UNIQUE INDEX IF NOT EXISTS nj_jobs_unique ON nj_jobs (unique_key)
     WHERE unique_key IS NOT NULL AND state NOT IN ('completed', 'discarded', 'cancelled');
+-- The outbox: events published with the service's rows, deleted as the relay makes their jobs
+-- (created on a file of an older version too: IF NOT EXISTS, no schema version change).
+CREATE TABLE IF NOT EXISTS nj_outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    topic TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS nj_outbox_topic ON nj_outbox (topic, id);
 -- Periodic schedules: each one's last enqueued tick (Unix time) and that tick's job.
 CREATE TABLE IF NOT EXISTS nj_schedules (name TEXT PRIMARY KEY, last_tick REAL NOT NULL, last_job_id INTEGER);
 -- Named locks (rt.lock): the holder's token and its expiry on the backend's clock.
@@ -336,8 +348,91 @@ class SqliteBackend:
                     tuple(e.queue for e in events if type(e) is JobsAvailable),
                     tuple(e.job_id for e in events if type(e) is JobFinalized),
                     tuple(e.job_id for e in events if type(e) is CancelRequested),
+                    any(type(e) is OutboxPublished for e in events),
                 )
             )
+
+    # -- the outbox --
+
+    _PUBLISH = "INSERT INTO nj_outbox (topic, payload, created_at) VALUES (?, ?, ?)"
+
+    async def publish(self, events: Sequence[tuple[str, str]]) -> None:
+        if not events:
+            await trio.lowlevel.checkpoint()
+            return
+        rows = [(topic, payload, self.now()) for topic, payload in events]
+        await self._call(self._tx, lambda conn: conn.executemany(self._PUBLISH, rows))
+        self._emit([OutboxPublished()])
+
+    async def publish_tx(self, conn: Any, events: Sequence[tuple[str, str]]) -> None:
+        rows = [(topic, payload, self.now()) for topic, payload in events]
+        if isinstance(conn, SqliteTransaction) and conn.backend is self:
+            conn._check_open()
+            await self._tx_io(conn._conn.executemany, self._PUBLISH, rows)
+            conn.inserted.append(OutboxPublished())
+            return
+        if not isinstance(conn, sqlite3.Connection):
+            raise ConfigError(
+                "publish on the SQLite backend takes the transaction rt.transaction() lends, or a "
+                f"sqlite3.Connection of your own to {self.path!r}, not {type(conn).__name__}"
+            )
+
+        def insert() -> None:
+            self._check_same_file(conn)
+            self._in_callers_transaction(conn, lambda c: c.executemany(self._PUBLISH, rows))
+
+        if self._blocking_io:
+            return insert()
+        try:
+            await run_callers_io(insert)
+        except sqlite3.ProgrammingError as exc:
+            if "thread" not in str(exc):
+                raise
+            insert()  # a connection usable only on this thread (see insert_tx)
+
+    async def relay(self, topics: Sequence[str], route: Route, limit: int) -> int:
+        # SQLite has one writer, so there is nothing to skip: the candidates are read without
+        # the write lock, routed here on the Trio thread (the app's filters never run on the
+        # database thread nor hold the lock), and claimed in one short write transaction by
+        # deleting them: a row another relay deleted meanwhile is not this pass's, and its jobs
+        # are left out. The jobs of the rows deleted are inserted in the same transaction.
+        if limit <= 0 or not topics:
+            await trio.lowlevel.checkpoint()
+            return 0
+        wanted = list(topics)
+
+        def read() -> list[Any]:
+            assert self._conn is not None
+            marks = ",".join("?" * len(wanted))
+            return self._conn.execute(
+                f"SELECT id, topic, payload FROM nj_outbox WHERE topic IN ({marks}) ORDER BY id LIMIT ?",
+                (*wanted, limit),
+            ).fetchall()
+
+        rows = await self._call(read)
+        if not rows:
+            return 0
+        claimed = [OutboxEvent(int(i), str(t), str(p)) for i, t, p in rows]
+        made = route(claimed)
+        now = self.now()
+
+        def body(conn: sqlite3.Connection) -> tuple[int, list[NewJob], list[InsertResult]]:
+            won: set[int] = set()
+            ids = [e.id for e in claimed]
+            for i in range(0, len(ids), _IDS_PER_STATEMENT):
+                chunk = ids[i : i + _IDS_PER_STATEMENT]
+                won.update(
+                    r[0]
+                    for r in conn.execute(
+                        f"DELETE FROM nj_outbox WHERE id IN ({','.join('?' * len(chunk))}) RETURNING id", chunk
+                    )
+                )
+            jobs = [job for event, jobs in zip(claimed, made) if event.id in won for job in jobs]
+            return len(won), jobs, self._insert_rows(conn, jobs, now) if jobs else []
+
+        _won, jobs, results = await self._call(self._tx, body)
+        self._emit(_inserted_events(jobs, results, now))
+        return len(claimed)
 
     def _deliver(self, events: Sequence[BackendEvent]) -> None:
         for event in events:
@@ -349,6 +444,8 @@ class SqliteBackend:
         events: list[BackendEvent] = [JobsAvailable(q) for q in wake.queues]
         events += [JobFinalized(i, None) for i in wake.finalized]
         events += [CancelRequested(i, False) for i in wake.cancel]
+        if wake.outbox:
+            events.append(OutboxPublished())
         self._deliver(events)
 
     # -- connection --

@@ -23,7 +23,8 @@ apart exactly: ``ECONNREFUSED`` means the socket file is there but no process ho
 sender removes it (that is how a SIGKILLed process's file goes away).
 
 Roles. A process that works queues binds a ``w`` socket and hears everything. One that works no
-queue (an enqueue-only web process) binds an ``r`` socket and hears finalizations only: it has no
+queue (an enqueue-only web process) binds an ``r`` socket and hears finalizations (and outbox
+publishes, for its relay) only: it has no
 fetcher to wake and runs no job to cancel, but its `rt.wait` receipts must arrive at once. It
 binds whether or not it will ever wait: a runtime cannot know that in advance, and binding later,
 at the first wait, would make that first receipt the slow one. So a sender costs one ``sendto``
@@ -114,6 +115,8 @@ class Wake(NamedTuple):
     """Jobs that became final."""
     cancel: tuple[int, ...] = ()
     """Running jobs whose cancellation was requested."""
+    outbox: bool = False
+    """Outbox events were published: every process's relay may look."""
 
 
 def registry_dir(db_path: str) -> str | None:
@@ -142,8 +145,11 @@ def encode(token: str, wake: Wake) -> list[bytes]:
     finalized = list(wake.finalized)
     cancel = list(wake.cancel)
     out: list[bytes] = []
-    while queues or finalized or cancel:
+    outbox = wake.outbox
+    while queues or finalized or cancel or outbox:
         msg: dict[str, Any] = {"v": 1, "s": token}
+        if outbox:
+            msg["o"], outbox = 1, False
         if queues:
             msg["q"], queues = queues, []
         if finalized:
@@ -171,9 +177,10 @@ def decode(data: bytes, own_token: str | None = None) -> Wake | None:
     queues = tuple(dict.fromkeys(q for q in _items(msg.get("q")) if q is None or _is_queue(q)))
     finalized = tuple(i for i in _items(msg.get("f")) if _is_id(i))
     cancel = tuple(i for i in _items(msg.get("c")) if _is_id(i))
-    if not (queues or finalized or cancel):
+    outbox = msg.get("o") == 1
+    if not (queues or finalized or cancel or outbox):
         return None
-    return Wake(queues, finalized, cancel)
+    return Wake(queues, finalized, cancel, outbox)
 
 
 def _items(value: Any) -> list[Any]:
@@ -232,7 +239,8 @@ class WakeRegistry:
                 payloads = to_workers
             else:
                 if to_waiters is None:
-                    to_waiters = encode(self.token, Wake(finalized=wake.finalized))
+                    # An enqueue-only process runs a relay too (when its app subscribes).
+                    to_waiters = encode(self.token, Wake(finalized=wake.finalized, outbox=wake.outbox))
                 payloads = to_waiters
             if payloads:
                 sent += self._send_to(os.path.join(directory, name), payloads)

@@ -219,3 +219,52 @@ async def test_queues_given_as_a_str_is_refused():
     with pytest.raises(nj.ConfigError, match=r"a str is read letter by letter: did you mean \['index'\]"):
         async with nj.open_runtime(app, queues="index"):  # type: ignore[arg-type]
             pass
+
+
+def test_subscribe_declarations_are_checked():
+    app = nj.App()
+
+    @app.job()
+    async def index(ctx, doc_id: int) -> None:
+        pass
+
+    assert app.subscribe("doc.written")(index) is index
+    assert [s.kind for s in app.subscriptions["doc.written"]] == [index]
+    with pytest.raises(nj.ConfigError, match="twice"):
+        app.subscribe("doc.written")(index)
+    with pytest.raises(nj.ConfigError, match="topic name"):
+        app.subscribe("")
+    with pytest.raises(nj.ConfigError, match="filter must be a function"):
+        app.subscribe("t", filter=True)  # type: ignore[arg-type]
+    with pytest.raises(nj.ConfigError, match="above @app.job"):
+
+        @app.subscribe("t")  # type: ignore[arg-type]
+        async def plain(ctx) -> None:
+            pass
+
+    with pytest.raises(nj.ConfigError, match="not a kind of this app"):
+        nj.App().subscribe("t")(index)
+
+
+def test_the_router_drops_only_the_job_it_cannot_make(caplog):
+    from nursery_jobs.backends import OutboxEvent
+    from nursery_jobs.services.relay import Router
+
+    app = nj.App()
+
+    @app.subscribe("t")
+    @app.job()
+    async def needs_id(ctx, doc_id: int) -> None:
+        pass
+
+    @app.subscribe("t", args=lambda p: {"text": str(p)})
+    @app.job()
+    async def takes_any(ctx, text: str) -> None:
+        pass
+
+    router = Router(app.subscriptions, lambda: 0.0)
+    assert router.topics == ["t"]
+    made = router([OutboxEvent(1, "t", '{"doc_id": 1}'), OutboxEvent(2, "t", "[1]"), OutboxEvent(3, "t", "not json")])
+    assert [[j.kind for j in jobs] for jobs in made] == [["needs_id", "takes_any"], ["takes_any"], []]
+    reasons = [(r.outbox_event, r.kind) for r in caplog.records if getattr(r, "event", None) == "outbox_job_dropped"]
+    assert reasons == [(2, "needs_id"), (3, "needs_id"), (3, "takes_any")]

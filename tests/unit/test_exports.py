@@ -14,7 +14,7 @@ EXPECTED = {
     "App", "ArgsError", "Backend", "BackendError", "BackendUnavailable", "Client", "ConfigError", "Discard", "Job", "JobContext", "JobError",
     "JobId", "JobKind", "JobNotFound", "JobState", "LockLost", "LockTimeout", "MemoryBackend", "NurseryJobsError", "PeriodicInfo", "QueueConfig",
     "QueueStats", "Receipt", "Resource", "ResourceError", "Resources", "RetryPolicy", "Runtime", "RuntimeClosed", "RuntimeSettings",
-    "Snooze", "UnknownJob", "open_backend", "open_runtime", "run", "run_blocking",
+    "Snooze", "UnknownJob", "open_backend", "open_runtime", "publish", "run", "run_blocking",
 }  # fmt: skip
 
 
