@@ -39,9 +39,9 @@ from nursery_jobs.infra.owner import open_owner  # the one way to run tasks at o
 JOBS_URL = os.environ.get("JOBS_URL", "sqlite:///write_then_index.db")
 POSTGRES = JOBS_URL.startswith(("postgresql://", "postgres://"))
 CREATE_DOCS = (
-    "CREATE TABLE IF NOT EXISTS docs (id bigserial PRIMARY KEY, owner text NOT NULL, body text NOT NULL)"
+    "CREATE TABLE IF NOT EXISTS documents (id bigserial PRIMARY KEY, owner text NOT NULL, body text NOT NULL)"
     if POSTGRES
-    else "CREATE TABLE IF NOT EXISTS docs (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, body TEXT NOT NULL)"
+    else "CREATE TABLE IF NOT EXISTS documents (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, body TEXT NOT NULL)"
 )
 P = "%s" if POSTGRES else "?"  # the database's own placeholder
 WAIT = 2.0  # how long a request waits for its document's index job
@@ -68,7 +68,7 @@ async def notify_owner(ctx: nj.JobContext, doc_id: int, owner: str) -> None:
 async def write_doc(rt: nj.Runtime, owner: str, text: str) -> dict[str, Any]:
     """One request: the row, its index job and its event in one transaction; then the answer."""
     async with rt.transaction() as conn:
-        cur = await conn.execute(f"INSERT INTO docs (owner, body) VALUES ({P}, {P}) RETURNING id", (owner, text))
+        cur = await conn.execute(f"INSERT INTO documents (owner, body) VALUES ({P}, {P}) RETURNING id", (owner, text))
         (doc_id,) = await cur.fetchone()
         job_id = await index_doc.enqueue_tx(conn, doc_id=doc_id, chars=len(text))
         await nj.publish(conn, "doc.written", {"doc_id": doc_id, "owner": owner, "chars": len(text)})
