@@ -16,9 +16,12 @@ For each: wall seconds, jobs/s, CPU seconds of the client process(es) (``/proc/<
 utime + stime of this process, all threads, and of its worker children), CPU seconds of the
 whole PostgreSQL server (every ``postgres`` process's utime + stime, plus the cutime + cstime
 of exited backends, which the postmaster holds once it reaps them, so backends that come and go
-during the run count too), and the machine's busy and idle time from ``/proc/stat``. The server
-is shared: its figure includes other databases' activity, and "other" (machine busy minus client
-minus server) is what the rest of the machine did meanwhile. Per job: client and server µs.
+during the run count too), the CPU seconds of the server processes serving this run's
+database alone (their process titles name it; sampled while the run's connections are open, the
+loop's through `loop_drain`'s `on_done`), and the machine's busy and idle time from
+``/proc/stat``. The server is shared: its whole figure includes other databases' activity, and
+"other" (machine busy minus client minus the whole server) is what the rest of the machine did
+meanwhile. Per job: client and server µs.
 From the server's statistics (``pg_stat_database`` of the throwaway database, read once every
 connection of the run has closed, so every backend has flushed): transactions and rows updated
 per job, which is what the runtime sends per job (no pg_stat_statements needed).
@@ -127,6 +130,22 @@ def server_cpu() -> float:
     return total / TICK
 
 
+def database_cpu(db: str) -> dict[int, float]:
+    """utime + stime of each live server process serving database `db` (its name is in the
+    process title, ``postgres: ... user db host(port) state``)."""
+    out: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    title = f.read().decode(errors="replace").split()
+            except OSError:
+                continue
+            if db in title and title[:1] == ["postgres:"]:
+                out[int(entry)] = process_cpu(int(entry))
+    return out
+
+
 def machine() -> tuple[float, float]:
     """(busy, idle) seconds of all CPUs together since boot, from /proc/stat."""
     with open("/proc/stat") as f:
@@ -143,11 +162,13 @@ class Sample:
     server: float
     busy: float
     idle: float
+    ours: dict[int, float]
 
     @classmethod
-    def take(cls, client_pids: Sequence[int]) -> Sample:
+    def take(cls, client_pids: Sequence[int], db: str) -> Sample:
         busy, idle = machine()
-        return cls(time.perf_counter(), sum(process_cpu(p) for p in client_pids), server_cpu(), busy, idle)
+        clients = sum(process_cpu(p) for p in client_pids)
+        return cls(time.perf_counter(), clients, server_cpu(), busy, idle, database_cpu(db))
 
 
 @attrs.frozen
@@ -157,6 +178,9 @@ class Run:
     wall: float
     client: float
     server: float
+    """The whole server (every database)."""
+    ours: float
+    """The server processes serving this run's database (live at the end of the run)."""
     busy: float
     idle: float
     xacts: float | None = None
@@ -168,9 +192,14 @@ class Run:
         return self.jobs / self.wall
 
 
-def between(side: str, jobs: int, a: Sample, b: Sample, a_client: float | None = None) -> Run:
-    return Run(side, jobs, b.wall - a.wall, b.client - (a.client if a_client is None else a_client),
-               b.server - a.server, b.busy - a.busy, b.idle - a.idle)  # fmt: skip
+def between(side: str, jobs: int, a: Sample, b: Sample) -> Run:
+    ours = sum(t - a.ours.get(pid, 0.0) for pid, t in b.ours.items())
+    return Run(side, jobs, b.wall - a.wall, b.client - a.client, b.server - a.server, ours, b.busy - a.busy,
+               b.idle - a.idle)  # fmt: skip
+
+
+def dbname(url: str) -> str:
+    return url.rpartition("/")[2].partition("?")[0]
 
 
 def db_counters(url: str) -> tuple[int, int]:
@@ -202,10 +231,11 @@ def with_counters(url: str, run: Run, before: tuple[int, int], jobs: int) -> Run
 def side_loop(url: str, c: Config) -> Run:
     me = [os.getpid()]
     before = db_counters(url)
-    a = Sample.take(me)
-    prod.loop_drain(url, SCHEMA, c.drain, c.workers)
-    b = Sample.take(me)
-    return with_counters(url, between("(a) loop, 1 connection, batches of 32", c.drain, a, b), before, c.drain)
+    a = Sample.take(me, dbname(url))
+    samples: list[Sample] = []
+    prod.loop_drain(url, SCHEMA, c.drain, c.workers, on_done=lambda: samples.append(Sample.take(me, dbname(url))))
+    b = samples[0]
+    return with_counters(url, between(f"(a) loop, 1 connection, batches of {c.workers}", c.drain, a, b), before, c.drain)
 
 
 def side_runtime(url: str, c: Config) -> Run:
@@ -214,11 +244,11 @@ def side_runtime(url: str, c: Config) -> Run:
     me = [os.getpid()]
 
     async def main(rt: nj.Runtime) -> tuple[Sample, Sample]:
-        a = Sample.take(me)
+        a = Sample.take(me, dbname(url))
         with trio.fail_after(max(120.0, c.drain / 100)):
             await tally.done.wait()
             receipt = await rt.wait(tally.last_id, timeout=30.0)
-        b = Sample.take(me)
+        b = Sample.take(me, dbname(url))
         if not receipt.done:
             raise RuntimeError(f"job {tally.last_id} ran but its outcome was not recorded: {receipt}")
         return a, b
@@ -239,9 +269,9 @@ def side_processes(url: str, c: Config, procs: int = 2) -> Run:
             await trio.sleep(c.warmup)
             pids = [os.getpid(), *children()]
             c0 = (await rt.stats())[QUEUE]
-            a = Sample.take(pids)
+            a = Sample.take(pids, dbname(url))
             await trio.sleep(c.window)
-            b = Sample.take(pids)
+            b = Sample.take(pids, dbname(url))
             c1 = (await rt.stats())[QUEUE]
             if c1.available == 0:  # the window's count is short: not a figure
                 raise RuntimeError(f"{prod.RAN_OUT} (table {c.size:,}, window {c.window} s)")
@@ -276,7 +306,7 @@ def measure(db: str, c: Config, log: Any = print) -> list[Run]:
             run = one(fn)
             runs.append(run)
             log(f"round {r + 1}/{c.rounds} {run.side}: {run.rate:,.0f} jobs/s, client {run.client:.2f} s, "
-                f"server {run.server:.2f} s, machine idle {100 * run.idle / (run.busy + run.idle):.0f} %")  # fmt: skip
+                f"server {run.server:.2f} s (our db {run.ours:.2f} s), machine idle {100 * run.idle / (run.busy + run.idle):.0f} %")  # fmt: skip
     return runs
 
 
@@ -284,7 +314,7 @@ def table(runs: list[Run]) -> str:
     med = statistics.median
     rows: list[Sequence[str]] = [(
         "side (median of rounds)", "wall s", "jobs/s", "client CPU s", "server CPU s", "client µs/job",
-        "server µs/job", "client cores", "server cores", "other busy cores", "machine idle %", "xacts/job", "rows upd/job",
+        "server µs/job", "our db's server µs/job", "client cores", "server cores", "our db's server cores", "other busy cores", "machine idle %", "xacts/job", "rows upd/job",
     )]  # fmt: skip
     for side in dict.fromkeys(r.side for r in runs):
         rs = [r for r in runs if r.side == side]
@@ -295,8 +325,9 @@ def table(runs: list[Run]) -> str:
         rows.append((
             side, f"{m(lambda r: r.wall):.2f}", f"{m(lambda r: r.rate):,.0f}", f"{m(lambda r: r.client):.2f}",
             f"{m(lambda r: r.server):.2f}", f"{m(lambda r: 1e6 * r.client / r.jobs):.1f}",
-            f"{m(lambda r: 1e6 * r.server / r.jobs):.1f}", f"{m(lambda r: r.client / r.wall):.2f}",
-            f"{m(lambda r: r.server / r.wall):.2f}", f"{m(lambda r: (r.busy - r.client - r.server) / r.wall):.2f}",
+            f"{m(lambda r: 1e6 * r.server / r.jobs):.1f}", f"{m(lambda r: 1e6 * r.ours / r.jobs):.1f}",
+            f"{m(lambda r: r.client / r.wall):.2f}", f"{m(lambda r: r.server / r.wall):.2f}",
+            f"{m(lambda r: r.ours / r.wall):.2f}", f"{m(lambda r: (r.busy - r.client - r.server) / r.wall):.2f}",
             f"{m(lambda r: 100 * r.idle / (r.busy + r.idle)):.1f}",
             f"{m(lambda r: r.xacts or 0.0):.3f}", f"{m(lambda r: r.updated or 0.0):.2f}",
         ))  # fmt: skip
