@@ -5,11 +5,15 @@ What it measures:
 1. **Relay events per second** (PostgreSQL, SQLite). The jobs table is pre-filled with N jobs
    of a queue nobody works, then `ANALYZE`d. One runtime, with no workers (so the figure is the
    relay's, not the handlers'), publishes N events on one topic with one subscriber kind, in
-   transactions of B events each (`rt.transaction()` and `nj.publish`); the time is from the
+   transactions of B events each (`rt.transaction()` and `nj.publish`, one call per event);
+   the time is from the
    first publish to the moment the outbox is empty with every publish committed, i.e. every
    event's job exists. The baseline, in the same run on the same pre-filled table, is
    `kind.enqueue_many` of the same N jobs in batches of B. Rounds alternate the sides, each on a
-   fresh table; the figure is the median of the per-round ratios relay / enqueue_many.
+   fresh table; the figure is the median of the per-round ratios relay / enqueue_many. Two
+   more sides split that time: "publish alone" (the same publishes by an app that subscribes
+   to nothing, so no relay runs) and "relay alone" (a subscribing runtime started on that
+   full outbox, timed from its start until the outbox is empty).
 2. **Receipt latency with 64 waiters** (memory, PostgreSQL). 64 tasks each enqueue a no-op job
    and `rt.wait` for it at once (64 is `max_waiters`, so none is refused); the latency is from
    the handler's return to `wait`'s return (p50, p99), beside enqueue -> receipt.
@@ -63,7 +67,7 @@ class Sizes:
     receipt_rounds: int = 30
 
 
-SMOKE = Sizes(events=200, batch=50, prefill=200, rounds=1, receipt_rounds=1)
+SMOKE = Sizes(events=100, batch=50, prefill=100, rounds=1, receipt_rounds=1)
 
 
 def build_app(finished: dict[int, float]) -> nj.App:
@@ -123,8 +127,11 @@ def sqlite_fill(path: str, n: int) -> None:
         conn.close()
 
 
-def one_side(backend: str, target: str, s: Sizes, relay: bool) -> float:
-    """Seconds until all `s.events` jobs exist, by the relay or by enqueue_many."""
+def one_side(backend: str, target: str, s: Sizes, side: str) -> tuple[float, float]:
+    """Seconds until all `s.events` jobs exist, and seconds of publishing, for one side:
+    "enqueue_many"; "relay" (publish while the relay runs); "drain" (publish with no relay
+    running, by an app that subscribes to nothing, then time a subscribing runtime from its
+    start until the outbox is empty)."""
     app = build_app({})
     on_event = app.kind("on_event")
     if backend == "postgres":
@@ -159,43 +166,68 @@ def one_side(backend: str, target: str, s: Sizes, relay: bool) -> float:
         def made() -> int:
             return int(_one("SELECT count(*) FROM nj_jobs WHERE kind = 'on_event'"))
 
-    async def main(rt: nj.Runtime) -> float:
-        batches = [[{"n": i} for i in range(b, min(b + s.batch, s.events))] for b in range(0, s.events, s.batch)]
+    batches = [[{"n": i} for i in range(b, min(b + s.batch, s.events))] for b in range(0, s.events, s.batch)]
+
+    async def publish_all(rt: nj.Runtime) -> None:
+        for batch in batches:
+            async with rt.transaction() as conn:
+                for payload in batch:
+                    await nj.publish(conn, TOPIC, payload)
+
+    async def main(rt: nj.Runtime) -> tuple[float, float]:
         with trio.fail_after(600):
             t0 = time.perf_counter()
-            if relay:
-                for batch in batches:
-                    async with rt.transaction() as conn:
-                        for payload in batch:
-                            await nj.publish(conn, TOPIC, payload)
-                while await nj.run_blocking(pending):
-                    await trio.sleep(0.002)
-            else:
+            published = 0.0
+            if side == "relay":
+                await publish_all(rt)
+                published = time.perf_counter() - t0
+            if side == "enqueue_many":
                 for batch in batches:
                     await on_event.enqueue_many(batch)
+            else:
+                while await nj.run_blocking(pending):
+                    await trio.sleep(0.002)
             took = time.perf_counter() - t0
         count = await nj.run_blocking(made)
         if count != s.events:
             raise RuntimeError(f"{count} jobs made of {s.events} events")
-        return took
+        return took, published
 
-    took = nj.run(main, app=app, backend=where, queues=[], grace=0.0)
-    if took is None:
+    if side == "drain":
+        t0 = time.perf_counter()
+        nj.run(publish_all, app=nj.App(), backend=where, queues=[], grace=0.0)
+        published = time.perf_counter() - t0
+        t0 = time.perf_counter()  # the relay starts with the runtime
+        drained = nj.run(main, app=app, backend=where, queues=[], grace=0.0)
+        if drained is None:
+            raise RuntimeError("the run was interrupted")
+        return time.perf_counter() - t0, published
+    result = nj.run(main, app=app, backend=where, queues=[], grace=0.0)
+    if result is None:
         raise RuntimeError("the run was interrupted")
-    return took
+    return result
 
 
 def relay_rows(backend: str, target: str, s: Sizes, log: Callable[[str], None]) -> list[str]:
-    ratios, relay_rates, plain_rates = [], [], []
+    ratios, drain_ratios, rates, drains, publishes, plains = [], [], [], [], [], []
     for r in range(s.rounds):
-        plain = s.events / one_side(backend, target, s, relay=False)
-        relayed = s.events / one_side(backend, target, s, relay=True)
+        plain = s.events / one_side(backend, target, s, "enqueue_many")[0]
+        took, published = one_side(backend, target, s, "relay")
+        relayed = s.events / took
+        drained_in, published_alone = one_side(backend, target, s, "drain")
+        drained = s.events / drained_in
         ratios.append(relayed / plain)
-        relay_rates.append(relayed)
-        plain_rates.append(plain)
-        log(f"  {backend} round {r + 1}: relay {relayed:,.0f} events/s, enqueue_many {plain:,.0f} jobs/s -> {relayed / plain:.2f}")
-    return [backend, f"{statistics.median(relay_rates):,.0f}", f"{statistics.median(plain_rates):,.0f}",
-            f"{statistics.median(ratios):.2f}"]  # fmt: skip
+        drain_ratios.append(drained / plain)
+        rates.append(relayed)
+        drains.append(drained)
+        publishes.append(s.events / published_alone)
+        plains.append(plain)
+        log(f"  {backend} round {r + 1}: publish+relay {relayed:,.0f} events/s (publishing {published:.2f} s of {took:.2f} s), "
+            f"relay alone {drained:,.0f} events/s, publish alone {s.events / published_alone:,.0f} events/s, "
+            f"enqueue_many {plain:,.0f} jobs/s")  # fmt: skip
+    med = statistics.median
+    return [backend, f"{med(rates):,.0f}", f"{med(drains):,.0f}", f"{med(publishes):,.0f}", f"{med(plains):,.0f}",
+            f"{med(ratios):.2f}", f"{med(drain_ratios):.2f}"]  # fmt: skip
 
 
 # -- receipts --
@@ -275,7 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
     print()
-    print(render_table([["backend", "relay events/s", "enqueue_many jobs/s", "relay / enqueue_many"], *relay]))
+    print(render_table([["backend", "publish+relay events/s", "relay alone events/s", "publish alone events/s",
+                         "enqueue_many jobs/s", "publish+relay / enqueue_many", "relay alone / enqueue_many"], *relay]))  # fmt: skip
     print()
     print(render_table([["backend", "receipts", "return -> receipt p50 ms", "p99 ms", "enqueue -> receipt p50 ms",
                          "p99 ms", "refused"], *receipts]))  # fmt: skip
