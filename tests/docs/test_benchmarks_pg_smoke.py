@@ -49,7 +49,7 @@ def run_quick(script: str, flag: str = "--quick") -> subprocess.CompletedProcess
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, f"exit {proc.returncode}\n{stdout}\n{stderr}"
-    if script.startswith(("postgres_", "bridge", "cpu_")):
+    if script.startswith(("postgres_", "bridge", "outbox_relay", "cpu_")):
         left = [name for name in leftover_bench_databases() if name.endswith(f"_{proc.pid}")]
         assert not left, f"{script} left its databases behind: {left}\n{stdout}"
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
@@ -156,3 +156,12 @@ def test_cpu_accounting_smoke_mode_runs() -> None:
     for label in ("(a) loop", "(b) runtime, 1 process", "(c) 2 processes", "server µs/job", "machine idle %",
                   "xacts/job", "smoke run: nothing judged"):  # fmt: skip
         assert label in out, out
+
+
+@pytest.mark.usefixtures("postgres_reachable")
+def test_outbox_relay_smoke_mode_runs() -> None:
+    out = run_quick("outbox_relay.py", "--smoke").stdout
+    for label in ("relay events/s", "relay / enqueue_many", "return -> receipt p50 ms", "smoke run: nothing judged"):
+        assert label in out, out
+    for backend in ("postgres", "sqlite", "memory"):
+        assert f"\n{backend} " in out, out
