@@ -185,8 +185,10 @@ def _noop(job_id: int, kind: str, args: str) -> None:
     return None
 
 
-def loop_drain(url: str, schema: str, n: int, batch: int) -> float:
-    """Seconds for one sync psycopg connection to claim, run and complete n jobs, `batch` at a time."""
+def loop_drain(url: str, schema: str, n: int, batch: int, on_done: Callable[[], None] | None = None) -> float:
+    """Seconds for one sync psycopg connection to claim, run and complete n jobs, `batch` at a time.
+    `on_done` is called once the n jobs are done, before the connection closes (a measurement
+    that needs the connection's server process still there: cpu_accounting.py)."""
     s = sql.Identifier(schema)
     claim = sql.SQL(
         "UPDATE {s}.jobs SET state = 'running', attempt = attempt + 1, attempted_at = %(now)s, heartbeat_at = %(now)s"
@@ -211,6 +213,8 @@ def loop_drain(url: str, schema: str, n: int, batch: int) -> float:
             conn.execute(complete, (time.time(), [r[0] for r in rows]))
             done += len(rows)
         elapsed = time.perf_counter() - started
+        if on_done is not None:
+            on_done()
     if done != n:
         raise RuntimeError(f"the loop completed {done} of {n} jobs: the table ran out")
     return elapsed

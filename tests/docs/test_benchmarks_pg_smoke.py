@@ -49,7 +49,7 @@ def run_quick(script: str, flag: str = "--quick") -> subprocess.CompletedProcess
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, f"exit {proc.returncode}\n{stdout}\n{stderr}"
-    if script.startswith(("postgres_", "bridge", "outbox_relay")):
+    if script.startswith(("postgres_", "bridge", "outbox_relay", "cpu_")):
         left = [name for name in leftover_bench_databases() if name.endswith(f"_{proc.pid}")]
         assert not left, f"{script} left its databases behind: {left}\n{stdout}"
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
@@ -148,6 +148,14 @@ def test_concurrency_keys_quick_mode_runs() -> None:
     for label in ("keys (limit 1)", "overshoot", "latency"):
         assert label in result.stdout, result.stdout
     assert not [name for name in leftover_bench_databases() if "_keyed_" in name]
+
+
+@pytest.mark.usefixtures("postgres_reachable")
+def test_cpu_accounting_smoke_mode_runs() -> None:
+    out = run_quick("cpu_accounting.py", "--smoke").stdout
+    for label in ("(a) loop", "(b) runtime, 1 process", "(c) 2 processes", "server µs/job", "machine idle %",
+                  "xacts/job", "smoke run: nothing judged"):  # fmt: skip
+        assert label in out, out
 
 
 @pytest.mark.usefixtures("postgres_reachable")
