@@ -804,7 +804,7 @@ class PostgresBackend:
                 events.append(JobsAvailable(queue, run_at))
                 if key is not None:
                     events.append(JobsAvailable(queue))  # its slot is free
-        self._emit(events)
+        self._emit(list(dict.fromkeys(events)))  # a batch's rows share their queues' wake-ups
 
     async def _notify(self, ids: list[int], queues: list[str], kind: str) -> None:
         channels: list[str] = []

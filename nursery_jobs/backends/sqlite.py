@@ -967,7 +967,7 @@ class SqliteBackend:
             return events
 
         events: list[BackendEvent] = await self._call(self._tx, body)
-        self._emit(events)
+        self._emit(list(dict.fromkeys(events)))  # a batch's rows share their queues' wake-ups
 
     async def cancel(self, job_id: int) -> JobState:
         now = self.now()
