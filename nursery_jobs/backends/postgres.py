@@ -747,28 +747,35 @@ class PostgresBackend:
             # them (several of one key), or a concurrent claim may have taken them (`lost`):
             # then it looks again, and the next look passes over the keys now full, so a key's
             # backlog never keeps the claim from other keys' jobs (no head-of-line blocking).
-            # That look reads past the full keys' due jobs: its cost grows with their backlog.
+            # A job passed over for its key is parked by the look that passed it (migration
+            # 0011), so no later look or claim reads it again; a look that parked some read at
+            # most `_PARK_AT_ONCE` of them, and the next look goes on behind them.
+            more = False
             for _ in range(_CLAIM_LOOKS):
                 want = limit - len(jobs)
                 rows = await _all(conn, q, {"now": now, "queue": queue, "limit": want})
                 held: list[int] = []
                 for r in rows:
                     if r[0] is None:
-                        next_due, held = r[7], r[8]
+                        next_due, held, more = r[7], r[8], r[9] > 0
                     else:
                         jobs.append(r)
-                if not held:
-                    break
-                want = limit - len(jobs)
-                got = await _all(
-                    conn, q_held, {"ids": held, "queue": queue, "want": want, "max_running": max_running, "now": now}
-                )
-                taken = [r for r in got if r[0] is not None]
-                jobs += taken
-                if len(jobs) >= limit or len(taken) == len(held):
-                    break  # room filled, or every job held was claimed: nothing was passed over
-                if max_running is not None and not (got and got[0][8]):
-                    break  # the queue is full: nothing more may start
+                if held:
+                    want = limit - len(jobs)
+                    got = await _all(
+                        conn, q_held, {"ids": held, "queue": queue, "want": want, "max_running": max_running, "now": now}
+                    )
+                    taken = [r for r in got if r[0] is not None]
+                    jobs += taken
+                    if len(taken) < len(held):  # the limits passed some over, or others took them
+                        if max_running is not None and not (got and got[0][8]):
+                            more = False
+                            break  # the queue is full: nothing more may start
+                        more = True
+                if len(jobs) >= limit or not more:
+                    break  # room filled, or nothing was passed over: there is nothing behind
+            if more and len(jobs) < limit:
+                self._emit([JobsAvailable(queue)])  # jobs may wait behind the ones this claim parked
             jobs.sort(key=lambda r: (-r[6], r[7], r[0]))
             return ClaimResult([ClaimedJob(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in jobs], next_due)
 
@@ -822,11 +829,11 @@ class PostgresBackend:
     async def cancel(self, job_id: int) -> JobState:
         now = self.now()
         q = self._q["cancel"]
-        params = {"id": job_id, "now": now, "channel": self._events_channel}
+        params = {"id": job_id, "now": now, "channel": self._events_channel, "jobs_channel": self._jobs_channel}
         row = await self._run(lambda c: _one(c, q, params))
         if row is None:
             raise JobNotFound(f"no job with id {job_id} in {self.url}")
-        before, after, message, _notified, changed = row
+        before, after, message, _notified, changed, unparked, queue = row
         state = JobState(after)
         if JobState(before).final:
             return JobState(before)
@@ -835,6 +842,8 @@ class PostgresBackend:
                 self._emit([CancelRequested(job_id)])
         else:
             self._emit([JobFinalized(job_id, JobState.CANCELLED, message)])
+            if unparked:
+                self._emit([JobsAvailable(queue)])  # its key's next job took its place
         return state
 
     async def heartbeat(self, running: Sequence[tuple[int, int]]) -> HeartbeatResult:
@@ -873,9 +882,14 @@ class PostgresBackend:
                 if key is not None:
                     queues.add(queue)  # its slot is free
                     events.append(JobsAvailable(queue))
-        if rows:
+        # The repair of keys left parked with a free slot (migration 0011): nothing to do unless
+        # something but this runtime wrote the rows.
+        for (queue,) in await self._run(lambda c: _all(c, self._q["repair_parked"])):
+            queues.add(queue)
+            events.append(JobsAvailable(queue))
+        if rows or queues:
             await self._notify(finalized, sorted(queues), "f")
-        self._emit(events)
+        self._emit(list(dict.fromkeys(events)))
         return sorted(r[0] for r in rows)
 
     async def delete_finished(self, before: Mapping[JobState, float], limit: int) -> int:
@@ -1426,6 +1440,11 @@ _PROMOTE_AT_ONCE = 1000
 """A claim looks at (and makes `available`) at most this many scheduled/retryable jobs that
 came due, oldest first (see the claim statement)."""
 
+_PARK_AT_ONCE = 1000
+"""A claim reads at most this many jobs more than it was asked for, passing over (and parking)
+those of full keys (see the claim statement): a key's backlog is parked over several claims,
+each a bounded statement, never in one that writes all of it."""
+
 _CLAIM_LOOKS = 4
 """Claim statements (each with its `claim_held`) one claim runs at most, when the limits refused
 jobs it picked: each look passes over the keys the looks before it filled."""
@@ -1436,6 +1455,16 @@ _KEY_FREE = (
 )
 """A keyed job's key is below the job's limit, as the statement's snapshot sees it: the claim's
 scan passes over the others (a hint, read without the key's lock: `claim_held` decides)."""
+
+_UNPARK_FREED = (
+    " freed AS (SELECT {s}.unpark_keys(array_agg(concurrency_key), array_agg(n)) AS n"
+    "  FROM (SELECT concurrency_key, count(*)::int AS n FROM upd WHERE concurrency_key IS NOT NULL"
+    "   GROUP BY concurrency_key) f HAVING count(*) > 0)"
+)
+"""For the rows `upd` moved out of `running` (each freed its key's slot): each key's best
+parked jobs, one per freed slot, go back into claim order (migration 0011, `unpark_keys`),
+after every row of `upd` is written and so in a snapshot that sees any claim that parked a job
+while holding one of those rows."""
 
 _KEEP_ERRORS = f"'$[last-{MAX_ERRORS_KEPT - 1} to last]'"
 """The jsonpath that keeps the last `MAX_ERRORS_KEPT` entries of a job's error list."""
@@ -1455,9 +1484,20 @@ def _claim_sql(*, limited: bool) -> str:
         "WITH due AS (SELECT id, priority, run_at, concurrency_key, max_concurrent FROM {s}.jobs WHERE queue = %(queue)s"
         "  AND state IN ('scheduled', 'retryable') AND run_at <= %(now)s"
         "  ORDER BY run_at, id LIMIT " + str(_PROMOTE_AT_ONCE) + " FOR UPDATE SKIP LOCKED),"
-        " avail AS (SELECT id, priority, run_at, concurrency_key FROM {s}.jobs a WHERE queue = %(queue)s"
-        "  AND state = 'available' AND run_at <= %(now)s AND (a.concurrency_key IS NULL OR " + _KEY_FREE.format(t="a") + ")"
-        "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
+        " scan AS (SELECT * FROM (SELECT id, priority, run_at, concurrency_key, max_concurrent, free,"
+        "   count(*) FILTER (WHERE free) OVER w AS n, row_number() OVER w AS r"
+        "  FROM (SELECT id, priority, run_at, concurrency_key, max_concurrent,"
+        "    (a.concurrency_key IS NULL OR " + _KEY_FREE.format(t="a") + ") AS free"
+        "   FROM {s}.jobs a WHERE queue = %(queue)s AND state = 'available' AND NOT parked AND run_at <= %(now)s"
+        "   ORDER BY priority DESC, run_at, id FOR UPDATE SKIP LOCKED) o WINDOW w AS (ROWS UNBOUNDED PRECEDING)) c"
+        "  WHERE n <= %(limit)s AND r <= %(limit)s + " + str(_PARK_AT_ONCE) + "),"
+        " avail AS (SELECT id, priority, run_at, concurrency_key FROM scan WHERE free),"
+        " passed AS (SELECT id, concurrency_key, coalesce(max_concurrent, 1) AS most FROM scan WHERE NOT free),"
+        " full_keys AS (SELECT concurrency_key, count(*) AS n FROM (SELECT r.concurrency_key FROM {s}.jobs r"
+        "   WHERE r.state = 'running' AND r.concurrency_key = ANY(ARRAY(SELECT DISTINCT concurrency_key FROM passed))"
+        "   ORDER BY r.id FOR SHARE OF r) k GROUP BY concurrency_key),"
+        " parked AS (UPDATE {s}.jobs SET parked = true WHERE id = ANY(ARRAY(SELECT p.id FROM passed p"
+        "   JOIN full_keys f ON f.concurrency_key = p.concurrency_key WHERE f.n >= p.most)) RETURNING 1),"
         " pick AS (SELECT id, concurrency_key FROM (SELECT * FROM avail UNION ALL"
         "  SELECT id, priority, run_at, concurrency_key FROM due d"
         "   WHERE d.concurrency_key IS NULL OR " + _KEY_FREE.format(t="d") + ") c"
@@ -1470,12 +1510,13 @@ def _claim_sql(*, limited: bool) -> str:
         "  heartbeat_at = %(now)s"
         " WHERE id = ANY(ARRAY(SELECT id FROM direct))"
         " RETURNING id, kind, queue, args, attempt, max_attempts, priority, run_at)"
-        " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, NULL::bigint[] FROM claimed"
+        " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, NULL::bigint[], NULL::bigint FROM claimed"
         " UNION ALL"
         " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
         "  (SELECT min(run_at) FROM {s}.jobs WHERE queue = %(queue)s"
         "   AND state IN ('scheduled', 'retryable') AND run_at > %(now)s),"
         + held
+        + ", (SELECT count(*) FROM parked)"
     )
 
 
@@ -1607,10 +1648,12 @@ _QUERIES: dict[str, sql.SQL] = {
         "  j.interrupted + " + sql_case("interrupted") + ""
         "  FROM (SELECT v ->> 0 AS kind, (v ->> 1)::float8 AS run_at, v -> 2 AS error"
         "   FROM (SELECT %(outcomes)s::jsonb -> (j.id::text || ':' || j.attempt::text) AS v OFFSET 0) r) o),"
-        "  heartbeat_at = NULL"
+        "  heartbeat_at = NULL, parked = false"
         " WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running'"
         "  AND %(outcomes)s::jsonb ? (j.id::text || ':' || j.attempt::text)"
         " RETURNING j.id, j.queue, j.state, j.run_at, j.errors -> -1 ->> 'message' AS message, j.concurrency_key),"
+        + _UNPARK_FREED
+        + ","
         # Other processes learn of the batch in the same statement (and so at its commit): one
         # NOTIFY per queue with jobs available again (a keyed job's end frees its key's slot),
         # and the finalized ids in payloads of at most 400 ids (NOTIFY payloads are limited to
@@ -1624,14 +1667,15 @@ _QUERIES: dict[str, sql.SQL] = {
         "  LATERAL (SELECT pg_notify(%(events_channel)s, 'f:' || b.ids)) x)"
         # (The two counts are one-time filters: they make both NOTIFY sets run, once.)
         " SELECT id, queue, state, run_at, message, concurrency_key FROM upd"
-        " WHERE (SELECT n FROM ready) >= 0 AND (SELECT n FROM done) >= 0"
+        " WHERE (SELECT n FROM ready) >= 0 AND (SELECT n FROM done) >= 0 AND coalesce((SELECT n FROM freed), 0) >= 0"
     ),
     "cancel": sql.SQL(
         # on_cancel (transitions): a final job is left alone, a running one gets its request
         # (once: a second cancel changes nothing and tells nobody), a pending one ends now.
         # The update names its row by id, not only through `cur`: joined to `cur` alone, a plan
         # made on an empty analyzed table walked the whole primary key for it.
-        "WITH cur AS (SELECT id, state, cancel_requested FROM {s}.jobs WHERE id = %(id)s FOR UPDATE),"
+        "WITH cur AS (SELECT id, queue, state, cancel_requested, concurrency_key, parked FROM {s}.jobs"
+        "  WHERE id = %(id)s FOR UPDATE),"
         " upd AS (UPDATE {s}.jobs j SET"
         "  state = CASE WHEN cur.state = 'running' THEN 'running' ELSE 'cancelled' END,"
         "  cancel_requested = CASE WHEN cur.state = 'running' THEN true ELSE j.cancel_requested END,"
@@ -1642,8 +1686,14 @@ _QUERIES: dict[str, sql.SQL] = {
         # the wake-up rides in the same statement: one round trip, so a cancel either happened
         # with its NOTIFY or not at all (cancel-atomic)
         " n AS (SELECT pg_notify(%(channel)s, CASE WHEN upd.state = 'running' THEN 'c:' ELSE 'f:' END || upd.id)"
-        "  FROM upd)"
-        " SELECT cur.state, coalesce(upd.state, cur.state), upd.message, (SELECT count(*) FROM n), upd.id IS NOT NULL"
+        "  FROM upd),"
+        # A cancelled unparked job of a key may be the one a freed slot brought back: the key's
+        # best parked job takes its place (migration 0011), and the queue is told.
+        " freed AS (SELECT pg_notify(%(jobs_channel)s, cur.queue) FROM cur JOIN upd ON upd.id = cur.id"
+        "  WHERE cur.state = 'available' AND NOT cur.parked AND cur.concurrency_key IS NOT NULL"
+        "   AND {s}.unpark_keys(ARRAY[cur.concurrency_key], ARRAY[1]) > 0)"
+        " SELECT cur.state, coalesce(upd.state, cur.state), upd.message, (SELECT count(*) FROM n), upd.id IS NOT NULL,"
+        "  (SELECT count(*) FROM freed), cur.queue"
         " FROM cur LEFT JOIN upd ON upd.id = cur.id"
     ),
     # The outcome statement's shape (see there): rows by primary key, the attempt fenced by
@@ -1665,8 +1715,8 @@ _QUERIES: dict[str, sql.SQL] = {
         # A running row with no heartbeat (written by hand) is stale too, or it would run never.
         "WITH stale AS (SELECT id FROM {s}.jobs WHERE state = 'running'"
         "  AND (heartbeat_at < %(before)s OR heartbeat_at IS NULL)"
-        "  FOR UPDATE SKIP LOCKED)"
-        " UPDATE {s}.jobs j SET"
+        "  FOR UPDATE SKIP LOCKED),"
+        " upd AS (UPDATE {s}.jobs j SET"
         "  state = CASE WHEN j.cancel_requested THEN 'cancelled'"
         "   WHEN j.attempt >= j.max_attempts THEN 'discarded' ELSE 'available' END,"
         "  run_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN j.run_at ELSE %(now)s END,"
@@ -1677,10 +1727,15 @@ _QUERIES: dict[str, sql.SQL] = {
         "   || ' (worker lost)', 'rescued: its running row had no readable heartbeat (worker lost)'))), "
         + _KEEP_ERRORS
         + "),"
-        "  failed_attempts = j.failed_attempts + 1, heartbeat_at = NULL"
+        "  failed_attempts = j.failed_attempts + 1, heartbeat_at = NULL, parked = false"
         " WHERE j.id = ANY(ARRAY(SELECT id FROM stale))"
-        " RETURNING j.id, j.queue, j.state, j.errors -> -1 ->> 'message', j.concurrency_key"
+        " RETURNING j.id, j.queue, j.state, j.errors -> -1 ->> 'message' AS message, j.concurrency_key),"
+        + _UNPARK_FREED
+        + " SELECT id, queue, state, message, concurrency_key FROM upd WHERE coalesce((SELECT n FROM freed), 0) >= 0"
     ),
+    # Keys the rescuer's pass finds parked with a free slot (migration 0011): a repair that is
+    # normally a no-op.
+    "repair_parked": sql.SQL("SELECT queue FROM {s}.repair_parked()"),
     # Per state, the oldest final rows through jobs_finalized (state, finalized_at), then deleted
     # by primary key: no plan can scan the table for them, whatever it holds.
     "delete_finished": sql.SQL(
