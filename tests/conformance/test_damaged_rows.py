@@ -132,3 +132,23 @@ async def test_a_row_with_unreadable_columns_is_set_aside_and_the_rest_goes_on(
     assert stats.completed == 2 and stats.discarded == 1 and stats.queued == 0
     warnings = [r.getMessage() for r in caplog.records if "set aside" in r.getMessage()]
     assert len(warnings) == 1 and f"job {ids[1]} set aside" in warnings[0] and column in warnings[0], warnings
+
+
+async def test_a_key_left_parked_with_a_free_slot_is_repaired_by_the_rescue_pass(make_backend, damage: Damage, autojump_clock):
+    """A job marked parked by hand (or by an older runtime) while nothing of its key runs: no
+    claim would read it, so the rescuer's pass brings it back, and it runs."""
+    backend = make_backend()
+    app = nj.App()
+    app.queue("q", max_workers=2, timeout=None)
+
+    @app.job(queue="q", concurrency_key=lambda args: "k", max_concurrent=1)
+    async def keyed(ctx: nj.JobContext) -> None:
+        return None
+
+    async with nj.open_runtime(app, backend=backend, queues=[]) as rt:
+        job_id = await rt.enqueue("keyed")
+        damage.write(backend, job_id, "parked = ?", (True,))
+        before = await backend.claim("q", 10)
+        await backend.rescue(backend.now() - 60)
+        after = await backend.claim("q", 10)
+    assert before.jobs == [] and [j.id for j in after.jobs] == [job_id]
