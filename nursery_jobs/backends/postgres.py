@@ -1495,7 +1495,7 @@ def _claim_sql(*, limited: bool) -> str:
         " passed AS (SELECT id, concurrency_key, coalesce(max_concurrent, 1) AS most FROM scan WHERE NOT free),"
         " full_keys AS (SELECT concurrency_key, count(*) AS n FROM (SELECT r.concurrency_key FROM {s}.jobs r"
         "   WHERE r.state = 'running' AND r.concurrency_key = ANY(ARRAY(SELECT DISTINCT concurrency_key FROM passed))"
-        "   ORDER BY r.id FOR SHARE OF r) k GROUP BY concurrency_key),"
+        "   FOR SHARE OF r SKIP LOCKED) k GROUP BY concurrency_key),"
         " parked AS (UPDATE {s}.jobs SET parked = true WHERE id = ANY(ARRAY(SELECT p.id FROM passed p"
         "   JOIN full_keys f ON f.concurrency_key = p.concurrency_key WHERE f.n >= p.most)) RETURNING 1),"
         " pick AS (SELECT id, concurrency_key FROM (SELECT * FROM avail UNION ALL"

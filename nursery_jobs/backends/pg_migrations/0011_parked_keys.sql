@@ -13,12 +13,13 @@
 -- then costs what it costs without the busy keys.
 --
 -- No key is parked for ever:
---   - A claim parks a job only if, with the running rows of its key locked (FOR SHARE, in id
---     order, as every writer of running rows updates them), at least the job's limit are still
---     running. Each of those rows, leaving `running`, unparks one job of the key; its statement
---     waits for the parking claim's commit (the row lock) and unparks in a new snapshot
---     (`unpark_keys` is VOLATILE), so it sees the job parked. A row that left `running` before
---     the lock is not counted, and then the job is not parked.
+--   - A claim parks a job only if it holds a share lock on at least the job's limit of its
+--     key's rows that are still `running` (FOR SHARE SKIP LOCKED: a row another statement is
+--     writing, perhaps moving it out of `running`, is not counted, so the claim never waits
+--     and never deadlocks). Each of those rows, leaving `running` later, unparks one job of
+--     the key; its statement waits for the parking claim's commit (the row lock) and unparks
+--     in a new snapshot (`unpark_keys` is VOLATILE), so it sees the job parked. A row that left
+--     `running` before the lock is not counted, and then the job is not parked.
 --   - What else could leave a key parked with a free slot (a row written by hand, an older
 --     runtime against this schema) is repaired by the rescuer's pass (`repair_parked`): a key
 --     whose parked jobs could start unparks its best one.
