@@ -10,6 +10,8 @@ Many processes on many hosts share one database. The design, call by call:
   `run_at`, read only up to now. Those that came due and are not claimed are made `available`
   in the same statement. Neither scan reads a finished row or one that is not due yet, so the
   cost stays flat however many of those the queue holds (tests/backends/postgres/test_claim_cost.py).
+  Nor, after one pass, a due job whose concurrency key is full: the claim that passes over it
+  parks it out of `jobs_available` until a job of its key leaves `running` (migration 0011).
   The same round trip reports when the next scheduled job of the queue is due. Claims and heartbeats commit with `synchronous_commit =
   off` (`PgPool.run(durable=False)`): losing the last milliseconds of them in a server crash
   only makes jobs claimable again, and they do not wait for the WAL flush. (After such a crash
@@ -1454,7 +1456,8 @@ _KEY_FREE = (
     " < coalesce({t}.max_concurrent, 1)"
 )
 """A keyed job's key is below the job's limit, as the statement's snapshot sees it: the claim's
-scan passes over the others (a hint, read without the key's lock: `claim_held` decides)."""
+scan passes over the others and parks them (a hint, read without the key's lock: `claim_held`
+decides what starts, and the park takes its own locks)."""
 
 _UNPARK_FREED = (
     " freed AS (SELECT {s}.unpark_keys(array_agg(concurrency_key), array_agg(n)) AS n"
@@ -1607,6 +1610,14 @@ _QUERIES: dict[str, sql.SQL] = {
     # limit as this statement's snapshot sees it (`_KEY_FREE`, a probe of `jobs_running_key`), so
     # a busy key holds back nothing behind it; keyed jobs picked are not claimed here but held
     # (the last row's array) for `claim_held`, which decides under the keys' locks.
+    # Parked jobs (migration 0011): `jobs_available` leaves parked rows out, and the scan of
+    # available rows reads them with their `_KEY_FREE` as a column, counting the free ones (a
+    # window whose run condition stops the index scan after `limit` free rows, or after
+    # `_PARK_AT_ONCE` more rows). The keyed rows it passed over are parked, each only if the
+    # statement holds share locks (SKIP LOCKED) on at least its limit of its key's running rows:
+    # a row leaving `running` waits for those locks, then unparks in a snapshot of its own
+    # (`_UNPARK_FREED`). The last row carries how many were parked: the claim looks again
+    # behind them.
     "claim": sql.SQL(_claim_sql(limited=False)),
     # Under a queue's global limit: every job picked is held for `claim_held`, which counts the
     # queue's running jobs under the queue's lock.

@@ -171,18 +171,35 @@ class _RunningByKey(Mapping[str, int]):
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
+        self._read: dict[str, int] = {}
 
     def __getitem__(self, key: str) -> int:
-        row = self._conn.execute(
-            "SELECT count(*) FROM nj_jobs WHERE state = 'running' AND concurrency_key = ?", (key,)
-        ).fetchone()
-        return int(row[0]) if row else 0
+        n = self._read.get(key)
+        if n is None:
+            row = self._conn.execute(
+                "SELECT count(*) FROM nj_jobs WHERE state = 'running' AND concurrency_key = ?", (key,)
+            ).fetchone()
+            n = self._read[key] = int(row[0]) if row else 0
+        return n
 
     def __iter__(self) -> Iterator[str]:
         return iter(())
 
     def __len__(self) -> int:
         return 0
+
+
+def _passed_over(seen: Sequence[tuple[int, str | None, int]], started: Sequence[int], running: Mapping[str, int]) -> list[tuple[int]]:
+    """The jobs a claim read and did not start because their key is full: `seen` are (id, key,
+    limit) in the order read, `started` the indexes it started, `running` each key's running
+    jobs before the claim. Each key's count includes what the claim started."""
+    taken = collections.Counter(seen[i][1] for i in started)
+    chosen = set(started)
+    return [
+        (job_id,)
+        for i, (job_id, key, most) in enumerate(seen)
+        if key is not None and i not in chosen and running[key] + taken[key] >= most
+    ]
 
 
 def _unpark(conn: sqlite3.Connection, keys: Sequence[Any]) -> int:
@@ -858,20 +875,18 @@ class SqliteBackend:
                 "  AND parked = 0 AND run_at <= ?1 ORDER BY priority DESC, run_at, id LIMIT ?3",
                 (now, queue, limit + _PARK_AT_ONCE),
             )
-            seen: list[tuple[int, Any]] = []
+            seen: list[tuple[int, str | None, int]] = []
 
             def candidates() -> Any:
                 for job_id, key, most in cur:
-                    seen.append((job_id, key))
-                    yield (None if key is None else str(key)), (most if isinstance(most, int) and most >= 1 else 1)
+                    seen.append((job_id, None if key is None else str(key), most if isinstance(most, int) and most >= 1 else 1))
+                    yield seen[-1][1:]
 
-            picked = admit(candidates(), _RunningByKey(conn), want=limit, queue_running=queue_running, max_running=max_running)
+            running = _RunningByKey(conn)
+            picked = admit(candidates(), running, want=limit, queue_running=queue_running, max_running=max_running)
             cur.close()
             ids = [seen[i][0] for i in picked]
-            taken = set(picked)
-            passed = [(job_id,) for i, (job_id, key) in enumerate(seen) if i not in taken and key is not None]
-            # (admit stops at the last job it starts: every keyed job seen before it and not
-            # started was passed over for its key's limit.)
+            passed = _passed_over(seen, picked, running)
             conn.executemany("UPDATE nj_jobs SET state = 'available', parked = 1 WHERE id = ?", passed)
             rows = []
             for i in range(0, len(ids), _IDS_PER_STATEMENT):
