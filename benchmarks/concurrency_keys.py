@@ -22,6 +22,10 @@ What it measures, per backend (PostgreSQL; SQLite and memory beside it):
    `busy_hold` seconds) and has a backlog of `jobs` due jobs: the claim "a busy key never delays
    jobs of other keys" as p50 and p99 enqueue -> start.
 
+5. **Claim cost** (``--claim-cost``, PostgreSQL only): `claim` and `finish_many` called one at a
+   time with no runtime, over an unkeyed backlog and at one key with a long and a short backlog
+   (`claim_cost`).
+
 Usage (PostgreSQL on 127.0.0.1:5432, or the admin URL in NJ_BENCH_PG_URL; the script creates
 and drops its own database):
 
@@ -295,6 +299,39 @@ def latency_behind_busy_key(backend: str, target: str, s: Sizes) -> tuple[list[f
     return result
 
 
+def claim_cost(url: str) -> dict[str, tuple[float, float]]:
+    """PostgreSQL, one backend call at a time, no runtime: median ms of `claim` (up to 32) and of
+    `finish_many` of what it claimed, (a) over 20,000 unkeyed jobs (300 claims), (b) at one key
+    with a limit of 1 and a backlog of 20,000, and (c) of 200 (20 claims to warm up, then 150)."""
+    from nursery_jobs.backends import Outcome, OutcomeKind
+    from nursery_jobs.backends.registry import open_backend
+
+    async def loop(n: int, warm: int) -> tuple[float, float]:
+        backend = open_backend(backend_url(url, SCHEMA))
+        await backend.open()
+        claims: list[float] = []
+        finishes: list[float] = []
+        try:
+            for i in range(warm + n):
+                t0 = time.perf_counter()
+                got = await backend.claim(QUEUE, 32)
+                t1 = time.perf_counter()
+                await backend.finish_many([Outcome(j.id, j.attempt, OutcomeKind.COMPLETED) for j in got.jobs])
+                if i >= warm:
+                    claims.append(t1 - t0)
+                    finishes.append(time.perf_counter() - t1)
+        finally:
+            await backend.close()
+        return statistics.median(claims) * 1e3, statistics.median(finishes) * 1e3
+
+    out = {}
+    for name, jobs, keys, n, warm in (("unkeyed", 20_000, None, 300, 0), ("1 key, 20,000 waiting", 20_000, 1, 150, 20),
+                                      ("1 key, 200 waiting", 200, 1, 150, 20)):  # fmt: skip
+        pg_fill(url, jobs, keys)
+        out[name] = trio.run(loop, n, warm)
+    return out
+
+
 # -- the run --
 
 
@@ -339,7 +376,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--backends", default=None, help="comma-separated subset of postgres,sqlite,memory")
     parser.add_argument("--keys", default=None, help="comma-separated numbers of distinct keys (default 1,10,1000,100000)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per number of keys (default 2)")
+    parser.add_argument("--claim-cost", action="store_true", help="only the claim and outcome cost, one call at a time (PostgreSQL)")
     args = parser.parse_args(argv)
+    if args.claim_cost:
+        try:
+            with throwaway_database("keyed") as url:
+                for name, (claim_ms, finish_ms) in claim_cost(url).items():
+                    print(f"{name}: claim {claim_ms:.2f} ms, finish {finish_ms:.2f} ms (medians)")
+        except PgUnavailable as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        return 0
     s = QUICK if args.quick else Sizes()
     if args.backends:
         s = attrs.evolve(s, backends=tuple(b.strip() for b in args.backends.split(",")))
