@@ -300,18 +300,19 @@ def latency_behind_busy_key(backend: str, target: str, s: Sizes) -> tuple[list[f
 
 
 def claim_cost(url: str) -> dict[str, tuple[float, float]]:
-    """PostgreSQL, one backend call at a time, no runtime: median ms of `claim` (up to 32) and of
-    `finish_many` of what it claimed, (a) over 20,000 unkeyed jobs (300 claims), (b) at one key
-    with a limit of 1 and a backlog of 20,000, and (c) of 200 (20 claims to warm up, then 150)."""
+    """PostgreSQL, one backend call at a time (a runtime with no queue holds the backend open):
+    median ms of `claim` (up to 32) and of `finish_many` of what it claimed, (a) over 20,000
+    unkeyed jobs (300 claims), (b) at one key with a limit of 1 and a backlog of 20,000, and (c)
+    of 200 (20 claims to warm up, then 150)."""
     from nursery_jobs.backends import Outcome, OutcomeKind
-    from nursery_jobs.backends.registry import open_backend
+    from nursery_jobs.backends.postgres import PostgresBackend
 
-    async def loop(n: int, warm: int) -> tuple[float, float]:
-        backend = open_backend(backend_url(url, SCHEMA))
-        await backend.open()
-        claims: list[float] = []
-        finishes: list[float] = []
-        try:
+    def loop(n: int, warm: int) -> tuple[float, float]:
+        backend = PostgresBackend(url, schema=SCHEMA)
+
+        async def calls(rt: nj.Runtime) -> tuple[float, float]:
+            claims: list[float] = []
+            finishes: list[float] = []
             for i in range(warm + n):
                 t0 = time.perf_counter()
                 got = await backend.claim(QUEUE, 32)
@@ -320,15 +321,16 @@ def claim_cost(url: str) -> dict[str, tuple[float, float]]:
                 if i >= warm:
                     claims.append(t1 - t0)
                     finishes.append(time.perf_counter() - t1)
-        finally:
-            await backend.close()
-        return statistics.median(claims) * 1e3, statistics.median(finishes) * 1e3
+            return statistics.median(claims) * 1e3, statistics.median(finishes) * 1e3
+
+        result: tuple[float, float] = nj.run(calls, app=nj.App(), backend=backend, queues=[])
+        return result
 
     out = {}
     for name, jobs, keys, n, warm in (("unkeyed", 20_000, None, 300, 0), ("1 key, 20,000 waiting", 20_000, 1, 150, 20),
                                       ("1 key, 200 waiting", 200, 1, 150, 20)):  # fmt: skip
         pg_fill(url, jobs, keys)
-        out[name] = trio.run(loop, n, warm)
+        out[name] = loop(n, warm)
     return out
 
 
