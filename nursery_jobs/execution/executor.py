@@ -205,8 +205,12 @@ class QueueExecutor:
         what the completer owes past `outcome_slack` (a slow write must never let running rows
         pile up)."""
         room = len(self._idle) * self._per_idle
-        for batch in self._open.values():
-            room += batch.room
+        if self._open:
+            # Claims are by queue: what a claim for a batch's room brings of other kinds waits
+            # in `_held`, and counts against that room, so plain jobs never pile up there.
+            batch_room = sum(batch.room for batch in self._open.values()) - len(self._held)
+            if batch_room > 0:
+                room += batch_room
         if self.prefetch:
             held = len(self._held)
             if held <= self._low_water and self._mean_attempt() <= HOLD_BOUND / 2:

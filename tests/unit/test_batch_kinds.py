@@ -8,6 +8,7 @@ from typing import Any, TypedDict
 
 import pytest
 import trio
+import trio.testing
 
 import nursery_jobs as nj
 from nursery_jobs.testing import TestRuntime
@@ -33,6 +34,11 @@ async def append(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> None:
     await trio.sleep(0.1)
     appended.extend(job.args["n"] for job in jobs)  # not idempotent
     await trio.sleep(0.1)
+
+
+@pytest.fixture
+def autojump_clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0)
 
 
 @pytest.fixture
@@ -187,3 +193,27 @@ async def test_check_at_least_once_cuts_a_batch_of_one(runtime: TestRuntime) -> 
 
 async def test_calling_a_batch_kind_calls_its_handler(runtime: TestRuntime) -> None:
     assert await append(None, []) is None  # type: ignore[arg-type]
+
+
+async def test_claims_for_a_collecting_batch_in_a_mixed_queue_do_not_pile_up_plain_jobs(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A claim for a batch's room may bring plain jobs (claims are by queue); they wait for a
+    worker and count against the room, so the queue never holds more than one room's worth."""
+    mixed = nj.App()
+    mixed.queue("m", max_workers=2, timeout=30)
+
+    @mixed.batch_job(queue="m", max_size=10, max_wait=2)
+    async def bulk(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> None:
+        pass
+
+    @mixed.job(queue="m")
+    async def slow(ctx: nj.JobContext, n: int) -> None:
+        await trio.sleep(5)
+
+    async with nj.open_runtime(mixed, grace=0) as rt:
+        await bulk.enqueue()
+        await slow.enqueue_many([{"n": n} for n in range(100)])
+        await trio.sleep(0.5)  # the batch collects (max_wait 2 s); the claims for its room bring plain jobs
+        running = (await rt.stats())["m"].running
+    assert running <= 2 + 9, running  # the workers' two jobs and the batch's room of 9, never the backlog
