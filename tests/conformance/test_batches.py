@@ -333,3 +333,24 @@ async def test_typed_args_are_checked_at_enqueue(make_backend, autojump_clock) -
             await index.enqueue(title="no id")
         await _wait_all(rt, [await index.enqueue(doc_id=7)])
     assert seen == [7]
+
+
+async def test_a_stored_row_that_cannot_be_decoded_is_discarded_alone(make_backend, damage, autojump_clock) -> None:
+    app = nj.App()
+    app.queue("idx", max_workers=1, timeout=30)
+    record = Record()
+
+    @app.batch_job(queue="idx", max_size=10, max_wait=0.5)
+    async def index(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> None:
+        record.add(jobs)
+
+    backend = make_backend()
+    async with nj.open_runtime(app, backend=backend, queues=[]) as enqueuer:
+        ids = await index.enqueue_many([{"n": n} for n in range(3)])
+    damage.write(backend, ids[1], "args = ?", ("{not json",))
+    async with nj.open_runtime(app, backend=backend, grace=0) as rt:
+        jobs = await _wait_all(rt, ids)
+    assert [j.state for j in jobs] == [COMPLETED, nj.JobState.DISCARDED, COMPLETED]
+    assert "job args could not be decoded" in jobs[1].errors[-1].message
+    assert record.runs() == {ids[0]: [1], ids[2]: [1]}  # the others ran, in one batch
+    assert record.sizes == [2]
