@@ -695,10 +695,12 @@ class App:
                 f"max_wait must be a finite number of seconds >= 0, not {max_wait!r} (a batch waits at most this long "
                 "after its first job)"
             )
-        plain = self.job(
+        # Every check @app.job makes of these options (queue, timeout, attempts, priority, unique),
+        # in one place; its decorator is not applied, so nothing is registered by it.
+        self.job(
             queue=queue, timeout=timeout, max_attempts=max_attempts, name=name, priority=priority, retry=retry,
             unique=unique,
-        )  # fmt: skip  # every check of @app.job, once
+        )  # fmt: skip
 
         def register(fn: Callable[..., Awaitable[Any]]) -> BatchKind:
             if not inspect.iscoroutinefunction(fn):
@@ -717,7 +719,6 @@ class App:
             self._kinds[kind_name] = kind
             return kind
 
-        del plain  # its checks ran; the kind is made here (a BatchKind, not a JobKind)
         return register
 
     def uses_queue(self, name: str) -> bool:

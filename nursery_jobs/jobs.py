@@ -694,7 +694,8 @@ def check_context_param(fn: Callable[..., Any], kind_name: str, context: type = 
         shown = "unannotated" if ann is inspect.Parameter.empty else f"annotated {ann!r}"
         raise ConfigError(
             f"job handler {kind_name!r} ({_label(fn)}): its first parameter {first.name!r} ({shown}) is where "
-            f"the {cname} goes; {write} (name it ctx or annotate it nj.{cname}; job args follow it)"
+            f"the {cname} goes; {write} (name it ctx or annotate it nj.{cname}; "
+            f"{'job args' if context is JobContext else 'the jobs'} follow it)"
         )
     return hints
 

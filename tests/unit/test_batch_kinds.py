@@ -217,3 +217,25 @@ async def test_claims_for_a_collecting_batch_in_a_mixed_queue_do_not_pile_up_pla
         await trio.sleep(0.5)  # the batch collects (max_wait 2 s); the claims for its room bring plain jobs
         running = (await rt.stats())["m"].running
     assert running <= 2 + 9, running  # the workers' two jobs and the batch's room of 9, never the backlog
+
+
+async def test_middleware_runs_once_around_each_batch_with_its_context(autojump_clock: trio.testing.MockClock) -> None:
+    wrapped = nj.App()
+    wrapped.queue("w", max_workers=1, timeout=30)
+    seen: list[tuple[str, int]] = []
+
+    async def around(ctx: Any, call_next: Any) -> Any:
+        seen.append((type(ctx).__name__, len(ctx.jobs)))
+        return await call_next(ctx)
+
+    wrapped._middleware.append(around)
+
+    @wrapped.batch_job(queue="w", max_size=5, max_wait=0)
+    async def bulk(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> list[nj.BatchJob]:
+        return [j for j in jobs if j.args["n"] == 0 and j.attempt == 1]
+
+    async with nj.open_runtime(wrapped, grace=0) as rt:
+        ids = await bulk.enqueue_many([{"n": n} for n in range(5)])
+        receipts = [await rt.wait(i, timeout=30) for i in ids]
+    assert all(r.state is nj.JobState.COMPLETED for r in receipts)
+    assert seen == [("BatchContext", 5), ("BatchContext", 1)]  # the returned job alone, on its retry
