@@ -354,3 +354,24 @@ async def test_a_stored_row_that_cannot_be_decoded_is_discarded_alone(make_backe
     assert "job args could not be decoded" in jobs[1].errors[-1].message
     assert record.runs() == {ids[0]: [1], ids[2]: [1]}  # the others ran, in one batch
     assert record.sizes == [2]
+
+
+async def test_two_runtimes_on_one_store_never_put_a_job_in_two_batches(store, autojump_clock) -> None:
+    """Two processes' batches share the backlog: each job is claimed into one batch, once."""
+    app = nj.App()
+    app.queue("idx", max_workers=2, timeout=30)
+    record = Record()
+
+    @app.batch_job(queue="idx", max_size=10, max_wait=0.2)
+    async def index(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> None:
+        record.add(jobs)
+        await trio.sleep(0.5)
+
+    async with nj.open_runtime(app, backend=store.open(), grace=0) as one, nj.open_runtime(
+        app, backend=store.open(), grace=0
+    ):
+        ids = await index.enqueue_many([{"n": n} for n in range(120)])
+        jobs = await _wait_all(one, ids)
+    assert all(j.state is COMPLETED and j.attempt == 1 for j in jobs)
+    assert record.runs() == {i: [1] for i in ids}
+    assert max(record.sizes) <= 10

@@ -239,3 +239,27 @@ async def test_middleware_runs_once_around_each_batch_with_its_context(autojump_
         receipts = [await rt.wait(i, timeout=30) for i in ids]
     assert all(r.state is nj.JobState.COMPLETED for r in receipts)
     assert seen == [("BatchContext", 5), ("BatchContext", 1)]  # the returned job alone, on its retry
+
+
+async def test_a_batchs_children_are_cut_with_it_at_its_timeout(autojump_clock: trio.testing.MockClock) -> None:
+    timed = nj.App()
+    timed.queue("t", max_workers=1, timeout=30)
+    cut: list[str | None] = []
+
+    @timed.batch_job(queue="t", max_size=5, max_wait=0, timeout=2, max_attempts=1)
+    async def bulk(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> None:
+        async def part(job: nj.BatchJob) -> None:
+            try:
+                await trio.sleep(100)
+            finally:
+                cut.append(ctx.cancel_reason)
+
+        async with ctx.children() as tasks:
+            for job in jobs:
+                tasks.spawn(part, job)
+
+    async with nj.open_runtime(timed, grace=0) as rt:
+        ids = await bulk.enqueue_many([{"n": n} for n in range(3)])
+        receipts = [await rt.wait(i, timeout=30) for i in ids]
+    assert [r.state for r in receipts] == [nj.JobState.DISCARDED] * 3
+    assert cut == ["timeout"] * 3
