@@ -333,11 +333,15 @@ def decide_batch(
         except Exception as exc:
             error = exc
     outcomes = []
+    cut = batch.scope.cancel_called
     for member in batch.members:
-        view: Attempt = member
-        if member.reason is None and batch.scope.cancel_called:
-            view = batch  # the batch's deadline or shutdown decides for this job
         job = member.job
+        if error is None and not cut and member.reason is None and job.id not in unhandled:
+            outcomes.append((member, Outcome(job.id, job.attempt, OutcomeKind.COMPLETED)))  # the common case
+            continue
+        view: Attempt = member
+        if member.reason is None and cut:
+            view = batch  # the batch's deadline or shutdown decides for this job
         if error is None and job.id in unhandled and not view.scope.cancel_called:
             outcome = _failure(job, runner, NOT_HANDLED, None, now, rng)
         else:
