@@ -353,10 +353,9 @@ def decide_batch(
 def _unhandled(batch: Batch, returned: Any) -> set[int]:
     """The ids of the jobs a batch handler returned as not handled; `TypeError` for a return
     value that is not an iterable of this batch's `BatchJob`s."""
-    shown = clean_text(repr(returned), 200) if not isinstance(returned, BatchJob) else repr(returned)
     fix = "return the jobs it could not handle (some of `jobs`), or None when it handled all"
     if isinstance(returned, (str, bytes, abc.Mapping, BatchJob)) or not isinstance(returned, abc.Iterable):
-        raise TypeError(f"the batch handler returned {shown}; {fix}")
+        raise TypeError(f"the batch handler returned {clean_text(repr(returned), 200)}; {fix}")
     ids: set[int] = set()
     for item in returned:
         member = getattr(item, "_member", None) if isinstance(item, BatchJob) else None

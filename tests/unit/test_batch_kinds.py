@@ -263,3 +263,29 @@ async def test_a_batchs_children_are_cut_with_it_at_its_timeout(autojump_clock: 
         receipts = [await rt.wait(i, timeout=30) for i in ids]
     assert [r.state for r in receipts] == [nj.JobState.DISCARDED] * 3
     assert cut == ["timeout"] * 3
+
+
+class Unprintable:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+@pytest.mark.parametrize("returned", ["a string", {"a": 1}, 5, Unprintable(), [Unprintable()]])
+async def test_whatever_a_batch_handler_returns_never_crashes_the_worker(
+    returned: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    odd = nj.App()
+    odd.queue("o", max_workers=1, timeout=30)
+
+    @odd.batch_job(queue="o", max_size=5, max_wait=0, max_attempts=1)
+    async def bulk(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> Any:
+        return returned
+
+    async with nj.open_runtime(odd, grace=0) as rt:
+        ids = await bulk.enqueue_many([{"n": n} for n in range(2)])
+        jobs = [await rt.get_job(i) for i in ids if (await rt.wait(i, timeout=30)).done]
+        later = await rt.wait(await bulk.enqueue(n=9), timeout=30)  # the worker still runs batches
+    assert [j.state for j in jobs] == [nj.JobState.DISCARDED] * 2
+    assert later.done
+    message = jobs[0].errors[0].message
+    assert "the batch handler returned" in message or "no repr" in message, message
