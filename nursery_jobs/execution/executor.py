@@ -38,6 +38,15 @@ hung queue starve the others. Instead each queue owns:
   completer (`_room`); a slow write can never let running rows pile up. Running rows in the
   backend stay below `max_workers + prefetch + outcome_slack`.
 
+- batches (`@app.batch_job`): a claimed job of a batch kind joins the batch of its kind that is
+  collecting (`_open`), or opens one for an idle worker, which collects until the batch holds
+  `max_size` jobs or `max_wait` has passed since its first, then runs the handler once under one
+  scope (`_run_batch`; each job's outcome from `attempt.decide_batch`). Each job of a batch is a
+  `BatchMember` in the attempt registry from its claim. A queue whose kinds are all batch kinds
+  claims `max_size` per idle worker; any queue claims for the room of the batches collecting,
+  less what it already holds (claims are by queue, so they may bring other kinds). A batch that
+  has not started when shutdown begins is given back whole (`_give_back_batch`).
+
 A worker runs each attempt through its kind's `KindRunner` (the handler chain) inside the
 attempt's cancel scope (`execution.attempt`), and hands the outcome to the completer, which
 writes outcomes in batches. The attempt's code stays inline in the worker's loop: this loop runs
