@@ -289,3 +289,24 @@ async def test_whatever_a_batch_handler_returns_never_crashes_the_worker(
     assert later.done
     message = jobs[0].errors[0].message
     assert "the batch handler returned" in message or "no repr" in message, message
+
+
+async def test_events_and_ticks_become_jobs_of_a_batch_kind(autojump_clock: trio.testing.MockClock) -> None:
+    fed = nj.App()
+    fed.queue("f", max_workers=1, timeout=30)
+    seen: list[Any] = []
+
+    @fed.periodic("@every 10s", run_at_start=True, args={"doc_id": 0})
+    @fed.subscribe("doc.written")
+    @fed.batch_job(queue="f", max_size=10, max_wait=0.5)
+    async def bulk(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> None:
+        seen.append(sorted(j.args["doc_id"] for j in jobs))
+
+    async with nj.open_runtime(fed, grace=0) as rt:
+        for n in range(1, 4):
+            await rt.publish("doc.written", {"doc_id": n})
+        await trio.sleep(5)
+    got = sorted(d for batch in seen for d in batch)
+    assert set(got) == {0, 1, 2, 3} and got.count(0) >= 1  # the ticks' jobs (the start's, and any tick since)
+    assert [1, 2, 3] == [d for d in got if d]  # each event one job
+    assert any(len(batch) >= 3 for batch in seen)  # the events, collected together
