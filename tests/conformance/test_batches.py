@@ -375,3 +375,21 @@ async def test_two_runtimes_on_one_store_never_put_a_job_in_two_batches(store, a
     assert all(j.state is COMPLETED and j.attempt == 1 for j in jobs)
     assert record.runs() == {i: [1] for i in ids}
     assert max(record.sizes) <= 10
+
+
+async def test_a_job_cancelled_while_its_batch_collects_is_left_out(make_backend, autojump_clock) -> None:
+    app = nj.App()
+    app.queue("idx", max_workers=1, timeout=30)
+    record = Record()
+
+    @app.batch_job(queue="idx", max_size=10, max_wait=5)
+    async def index(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> None:
+        record.add(jobs)
+
+    async with nj.open_runtime(app, backend=make_backend(), grace=0) as rt:
+        ids = await index.enqueue_many([{"n": n} for n in range(3)])
+        await trio.sleep(1)  # claimed, collecting until max_wait
+        assert await rt.cancel(ids[0]) is nj.JobState.RUNNING
+        jobs = await _wait_all(rt, ids)
+    assert [j.state for j in jobs] == [nj.JobState.CANCELLED, COMPLETED, COMPLETED]
+    assert record.runs() == {ids[1]: [1], ids[2]: [1]}
