@@ -89,6 +89,13 @@ class NewJob(NamedTuple):  # a tuple: built once per job on the hot path, 3x che
     max_concurrent: int | None = None
     """With a `concurrency_key`: how many jobs of that key may run at once (this job starts only
     while fewer than this many are `running`). None without a key."""
+    rate_key: str | None = None
+    """Jobs with one rate key start at most `rate_limit` times in any `rate_per` seconds, across
+    every process (every attempt's start counts)."""
+    rate_limit: int | None = None
+    """With a `rate_key`: starts allowed per window. None without a key."""
+    rate_per: float | None = None
+    """With a `rate_key`: the window, in seconds. None without a key."""
 
 
 class InsertResult(NamedTuple):  # a tuple: built once per job on the hot path, 3x cheaper than attrs
