@@ -530,12 +530,16 @@ class MemoryBackend:
             if slot is None:  # its concurrency key is full
                 assert row.ckey is not None
                 heapq.heappush(self._parked.setdefault(row.ckey, {}).setdefault(row.climit, []), entry)
+                if rkey in q.rate_parked:
+                    self._rate_release(q, rkey, now)  # the rate's slot it may have come back for
             else:
                 heapq.heappush(q.rate_parked.setdefault(rkey, []), entry)
                 armed = q.rate_armed.get(rkey)
                 if armed is None or slot < armed:
                     q.rate_armed[rkey] = slot
                     heapq.heappush(q.rate_wake, (slot, rkey))
+                if row.ckey is not None and row.ckey in self._parked:
+                    self._unpark(row.ckey)  # the key's slot it may have come back for is still free
             return False
         if log is None:
             log = self._rates[rkey] = _RateLog()
@@ -547,30 +551,37 @@ class MemoryBackend:
     def _rate_unpark(self, q: _QueueState, now: float) -> None:
         """The keys whose next slot has come: their best parked jobs go back to the due heap,
         one per open slot (each judged by its own rate), so the claim weighs them in order."""
-        rows = self._rows
         while q.rate_wake and q.rate_wake[0][0] <= now:
             slot, rkey = heapq.heappop(q.rate_wake)
             if q.rate_armed.get(rkey) != slot:
                 continue  # superseded by an earlier entry for the key
             del q.rate_armed[rkey]
-            heap = q.rate_parked.get(rkey)
-            log = self._rates.get(rkey)
-            back = 0
-            while heap:
-                entry = heap[0]
-                row = rows.get(entry[2])
-                if row is None or row.version != entry[3]:
-                    heapq.heappop(heap)  # claimed, cancelled or deleted since
-                    continue
-                wait = rate_slot(log.starts if log else (), row.rlimit, row.rper, now, back)
-                if wait is not None:  # the open slots are taken: wait for the next one
+            self._rate_release(q, rkey, now)
+
+    def _rate_release(self, q: _QueueState, rkey: str, now: float) -> None:
+        """The best parked jobs of `rkey` in `q` back to the due heap, one per slot open now;
+        the key's wake re-armed for the next slot if jobs stay parked."""
+        heap = q.rate_parked.get(rkey)
+        log = self._rates.get(rkey)
+        rows = self._rows
+        back = 0
+        while heap:
+            entry = heap[0]
+            row = rows.get(entry[2])
+            if row is None or row.version != entry[3]:
+                heapq.heappop(heap)  # claimed, cancelled or deleted since
+                continue
+            wait = rate_slot(log.starts if log else (), row.rlimit, row.rper, now, back)
+            if wait is not None:  # the open slots are taken: wait for the next one
+                armed = q.rate_armed.get(rkey)
+                if armed is None or wait < armed:
                     q.rate_armed[rkey] = wait
                     heapq.heappush(q.rate_wake, (wait, rkey))
-                    break
-                heapq.heappush(q.due, heapq.heappop(heap))
-                back += 1
-            if not heap:
-                q.rate_parked.pop(rkey, None)
+                break
+            heapq.heappush(q.due, heapq.heappop(heap))
+            back += 1
+        if not heap:
+            q.rate_parked.pop(rkey, None)
 
     async def finish_many(self, outcomes: Sequence[Outcome]) -> None:
         now = self.now()
