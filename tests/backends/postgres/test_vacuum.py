@@ -45,10 +45,14 @@ def _reloptions(conn: psycopg.Connection[Any], schema: str) -> dict[str, str]:
 def test_migrate_sets_the_jobs_tables_autovacuum_thresholds_on_a_version_4_schema(pg_url: str) -> None:
     schema = pgutil.new_schema(pg_url)
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        assert LATEST_VERSION == 9
+        assert LATEST_VERSION == 10
         assert _reloptions(conn, schema) == EXPECTED  # a new schema has them
         # back to what version 4 left: no storage parameters
         conn.execute(f'DELETE FROM "{schema}".migrations WHERE version >= 5')
+        conn.execute(f'DROP TABLE "{schema}".rate_keys')  # back before version 10
+        conn.execute(f'DROP FUNCTION "{schema}".rate_slot, "{schema}".rate_lock, "{schema}".rate_record')
+        conn.execute(f'DROP INDEX "{schema}".jobs_pending_rate')
+        conn.execute(f'ALTER TABLE "{schema}".jobs DROP COLUMN rate_key, DROP COLUMN rate_limit, DROP COLUMN rate_per')
         conn.execute(f'DROP TABLE "{schema}".outbox')  # back before version 9
         conn.execute(f'DROP TABLE "{schema}".schedules, "{schema}".locks')  # back before version 8 too
         conn.execute(f'DROP FUNCTION "{schema}".claim_held')  # back before version 6 too
