@@ -545,7 +545,7 @@ class MemoryBackend:
             log = self._rates[rkey] = _RateLog()
         log.cap = max(log.cap, row.rlimit)
         log.per = max(log.per, row.rper)
-        log.starts = rate_log(log.starts, 1, now, log.cap)
+        log.starts = rate_log(log.starts, 1, now, log.cap, log.per)
         return True
 
     def _rate_unpark(self, q: _QueueState, now: float) -> None:

@@ -256,7 +256,7 @@ def _record_starts(
         conn.execute(
             "INSERT INTO nj_rate (key, starts, cap, per, last) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (key)"
             " DO UPDATE SET starts = ?2, cap = ?3, per = ?4, last = ?5",
-            (key, json.dumps(rate_log(old, n, now, cap)), cap, per, now),
+            (key, json.dumps(rate_log(old, n, now, cap, per)), cap, per, now),
         )
 
 

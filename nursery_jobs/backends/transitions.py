@@ -292,10 +292,14 @@ def rate_slot(starts: Sequence[float], limit: int, per: float, now: float, added
     return slot if slot > now else None
 
 
-def rate_log(starts: Sequence[float], added: int, now: float, cap: int) -> list[float]:
-    """A key's record after a claim made `added` starts at `now`: the latest `cap` starts
-    (`cap`: the largest rate limit its jobs carried), all that `rate_slot` ever reads."""
-    return [*starts, *([now] * added)][-cap:]
+def rate_log(starts: Sequence[float], added: int, now: float, cap: int, per: float) -> list[float]:
+    """A key's record after a claim made `added` starts at `now`: its latest `cap` starts that
+    are less than `per` seconds old (`cap`, `per`: the largest limit and window its jobs
+    carried), all that `rate_slot` ever reads. So a record holds at most `cap` starts, and no
+    more than the key really made in the last window: a rate never reached costs no more than
+    the traffic."""
+    kept = [s for s in starts if s + per > now][-cap:] if starts else []
+    return [*kept, *([now] * added)][-cap:]
 
 
 def rate_idle(last_start: float, per: float, now: float) -> bool:

@@ -68,7 +68,8 @@ END
 $$;
 
 -- `transitions.rate_log`: the records after a claim made p_added[i] starts of key p_keys[i] at
--- p_now, the latest `cap` kept (the largest limit, and window, of the jobs it started).
+-- p_now: the latest `cap` starts less than `per` seconds old (the largest limit, and window, of
+-- the key's jobs), so a record is no larger than the key's real traffic in a window.
 CREATE FUNCTION {schema}.rate_record(
     p_keys text[], p_added integer[], p_caps integer[], p_pers double precision[], p_now double precision
 ) RETURNS void LANGUAGE sql VOLATILE AS $$
@@ -76,8 +77,10 @@ CREATE FUNCTION {schema}.rate_record(
     SELECT u.k, (array_fill(p_now, ARRAY[u.n]))[greatest(1, u.n - u.c + 1):], u.c, u.p, p_now
     FROM unnest(p_keys, p_added, p_caps, p_pers) AS u(k, n, c, p) WHERE u.n > 0
     ON CONFLICT (key) DO UPDATE SET
-        starts = (r.starts || EXCLUDED.starts)[greatest(1,
-            cardinality(r.starts) + cardinality(EXCLUDED.starts) - greatest(r.cap, EXCLUDED.cap) + 1):],
+        starts = (SELECT coalesce(array_agg(u.t ORDER BY u.o), ARRAY[]::double precision[])
+            FROM unnest(r.starts || EXCLUDED.starts) WITH ORDINALITY AS u(t, o)
+            WHERE u.t + greatest(r.per, EXCLUDED.per) > p_now
+                AND u.o > cardinality(r.starts) + cardinality(EXCLUDED.starts) - greatest(r.cap, EXCLUDED.cap)),
         cap = greatest(r.cap, EXCLUDED.cap),
         per = greatest(r.per, EXCLUDED.per),
         last = EXCLUDED.last
