@@ -169,9 +169,9 @@ def test_three_workers_never_start_more_than_a_keys_rate_in_any_window(spawner, 
     starts of a key; the unlimited jobs did not wait behind the limited ones."""
     from tests.processes.worker import RATE
 
-    workers = _start_workers(spawner, pg_store, 3, "--max-workers", "8")
     rated = spawner.enqueue(pg_store.url, 60, sleep=0.01, rate_keys=3)
     free = spawner.enqueue(pg_store.url, 150, first=1000, sleep=0.005)
+    workers = _start_workers(spawner, pg_store, 3, "--max-workers", "8")  # both sets wait already
     codes = wait_all_exit(workers, timeout=90)
     for proc in workers:
         assert_clean_exit(proc, codes[proc.name])
