@@ -696,15 +696,15 @@ class MemoryBackend:
                     break
         for job_id in doomed:
             self._drop(job_id)
-        self._drop_idle_rates()
+        self._drop_idle_rates(limit)
         return len(doomed)
 
-    def _drop_idle_rates(self) -> None:
+    def _drop_idle_rates(self, limit: int) -> None:
         """Forget the rate keys whose latest start is older than their window: they limit
         nothing now (retention calls this; a key's record is at most its `cap` starts)."""
         now = self.now()
         idle = [k for k, log in self._rates.items() if not log.starts or rate_idle(log.starts[-1], log.per, now)]
-        for key in idle:
+        for key in idle[:limit]:
             del self._rates[key]
 
     def _drop(self, job_id: int) -> None:

@@ -111,6 +111,7 @@ DECLARE
     rpers double precision[];  -- rate: the largest window, per key
     rnext double precision;    -- rate: the earliest slot of a candidate refused for its rate
     slot double precision;
+    st double precision[];
     ri integer;
 BEGIN
     -- Each statement below must see what committed before it: READ COMMITTED's fresh snapshot
@@ -163,8 +164,10 @@ BEGIN
         END IF;
         IF c.rate_key IS NOT NULL AND c.rate_per IS NOT NULL THEN  -- rate
             ri := array_position(rkeys, c.rate_key);
-            slot := {schema}.rate_slot((SELECT k.starts FROM {schema}.rate_keys k WHERE k.key = c.rate_key),
-                coalesce(c.rate_limit, 1), c.rate_per, p_now, radded[ri]);
+            -- Read first, then the rule on plain values: so `rate_slot` is inlined into a simple
+            -- expression (with a sub-select for an argument it would run as a function call).
+            SELECT k.starts INTO st FROM {schema}.rate_keys k WHERE k.key = c.rate_key;
+            slot := {schema}.rate_slot(st, coalesce(c.rate_limit, 1), c.rate_per, p_now, radded[ri]);
             IF slot IS NOT NULL THEN
                 rnext := least(rnext, slot);
                 CONTINUE;
