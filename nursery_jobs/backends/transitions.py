@@ -298,8 +298,13 @@ def rate_log(starts: Sequence[float], added: int, now: float, cap: int, per: flo
     carried), all that `rate_slot` ever reads. So a record holds at most `cap` starts, and no
     more than the key really made in the last window: a rate never reached costs no more than
     the traffic."""
-    kept = [s for s in starts if s + per > now][-cap:] if starts else []
-    return [*kept, *([now] * added)][-cap:]
+    n = len(starts)
+    old = 0
+    while old < n and starts[old] + per <= now:  # ascending: the expired ones come first
+        old += 1
+    if added >= cap:
+        return [now] * cap
+    return [*starts[max(old, n + added - cap) :], *([now] * added)]
 
 
 def rate_idle(last_start: float, per: float, now: float) -> bool:

@@ -196,3 +196,20 @@ async def test_concurrent_claims_never_exceed_a_rate(store, autojump_clock) -> N
     starts.sort()
     assert len(starts) == 12
     assert all(starts[i] + 5.0 <= starts[i + 3] for i in range(len(starts) - 3)), starts
+
+
+async def test_a_large_batch_stores_each_jobs_rate(make_backend, autojump_clock) -> None:
+    """60 jobs in one `insert_many` (PostgreSQL's COPY path from 50 on), over 3 keys of 4 per
+    10 s and unlimited jobs: one claim takes 4 of each key and every unlimited job."""
+    async with opened(make_backend) as backend:
+        jobs = [rated(f"k{i % 3}" if i % 4 else None, 4) for i in range(60)]
+        results = await backend.insert_many(jobs)
+        t0 = backend.now()
+        got = (await backend.claim(Q, 100)).jobs
+        keys = {r.id: j.rate_key for r, j in zip(results, jobs)}
+        _, due = await claim_ids(backend)
+    per_key: dict[str | None, int] = {}
+    for job in got:
+        per_key[keys[job.id]] = per_key.get(keys[job.id], 0) + 1
+    assert per_key == {"k0": 4, "k1": 4, "k2": 4, None: 15}
+    assert due == t0 + 10
