@@ -213,3 +213,16 @@ async def test_a_large_batch_stores_each_jobs_rate(make_backend, autojump_clock)
         per_key[keys[job.id]] = per_key.get(keys[job.id], 0) + 1
     assert per_key == {"k0": 4, "k1": 4, "k2": 4, None: 15}
     assert due == t0 + 10
+
+
+async def test_a_rate_under_the_queues_global_limit(make_backend, autojump_clock) -> None:
+    """`max_running` 2 and 3 starts per 10 s: the queue's limit stops the first claim at 2, the
+    rate the second at 1, though the queue then has room for 2."""
+    async with opened(make_backend) as backend:
+        ids = [r.id for r in await backend.insert_many([rated("k", 3) for _ in range(5)])]
+        t0 = backend.now()
+        first = (await backend.claim(Q, 10, max_running=2)).jobs
+        await backend.finish_many([Outcome(j.id, j.attempt, OutcomeKind.COMPLETED) for j in first])
+        second = await backend.claim(Q, 10, max_running=2)
+    assert [j.id for j in first] == ids[:2]
+    assert [j.id for j in second.jobs] == [ids[2]] and second.next_due == t0 + 10
