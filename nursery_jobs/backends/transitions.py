@@ -24,9 +24,10 @@ decided here, once:
   row: there is no other record to free, so a job that leaves `running` by any transition
   above (an outcome, a rescue) frees it in the same write.
 - `rate_slot` says whether a job under a rate limit may start now, given its rate key's recorded
-  starts, and if not when its next slot comes; `admit` applies it with the concurrency limits,
-  and `rate_log` says what a key's record of starts becomes after a claim (the latest `cap` of
-  them). PostgreSQL runs the same rule in `claim_held` (migration 0010).
+  starts, and if not when its next slot comes; `admit_rated` applies it with the concurrency
+  limits, `rate_log` says what a key's record becomes after a claim (its starts of the last
+  window, at most `cap`), and `rate_idle` when the record may go. PostgreSQL runs the same rule
+  in `claim_held` (migration 0010, `rate_slot` and `rate_record` there).
 
 The memory and SQLite backends call these functions per row. PostgreSQL writes a whole batch in
 one statement, so its SQL is *generated* from `OUTCOME_TABLE` (`sql_case`), and the contract
