@@ -1,4 +1,4 @@
-"""P17 -- per-key rate limits: no window of `per` seconds ever holds more than a key's `limit`
+"""P18 -- per-key rate limits: no window of `per` seconds ever holds more than a key's `limit`
 starts, every attempt's start counted, and no claim leaves a job waiting that its rate allows
 or sleeps past a slot.
 
@@ -58,7 +58,7 @@ def _check_windows(starts: dict[str, list[float]]) -> None:
         for i in range(len(s) - limit):
             expect(
                 s[i] + per <= s[i + limit],
-                "P17",
+                "P18",
                 f"key {key!r} ({limit} per {per:g} s) started {limit + 1} jobs within {per:g} s: {s[i : i + limit + 1]}",
             )
 
@@ -84,11 +84,11 @@ def _check_claim(
         if ckey is not None and running_x >= 1:
             continue  # its concurrency key is full: not the rate's to report
         slot = None if rkey is None else _slot(starts.get(rkey, []), rkey, now)
-        expect(slot is not None, "P17", f"the claim took {got} of {asked} but left job {job.id} (rate key {rkey!r}) that could start")
+        expect(slot is not None, "P18", f"the claim took {got} of {asked} but left job {job.id} (rate key {rkey!r}) that could start")
         if slot is not None:
             latest = slot if latest is None else min(latest, slot)
     if latest is not None:
-        expect(next_due is not None and now < next_due <= latest, "P17", f"next_due {next_due} at {now}: a slot or job comes at {latest}")
+        expect(next_due is not None and now < next_due <= latest, "P18", f"next_due {next_due} at {now}: a slot or job comes at {latest}")
 
 
 STEP = st.one_of(
@@ -163,5 +163,5 @@ def check(data: st.DataObject, store: Store = MEMORY) -> None:
 
 @settings(max_examples=examples(100), deadline=None)
 @given(data=st.data())
-def test_p17_rate_limits(data: st.DataObject) -> None:
+def test_p18_rate_limits(data: st.DataObject) -> None:
     check(data)
