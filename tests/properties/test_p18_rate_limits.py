@@ -21,17 +21,18 @@ The check takes a `Store` as the other properties do (memory here; every durable
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
+import pytest
 import trio
 import trio.testing
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 import nursery_jobs as nj
-from nursery_jobs.backends import NewJob, Outcome, OutcomeKind
+from nursery_jobs.backends import ClaimResult, InsertResult, NewJob, Outcome, OutcomeKind
 
-from .audit import expect
+from .audit import PropertyFailed, expect
 from .harness import MEMORY, Store, examples
 
 Q = "q"
@@ -165,3 +166,33 @@ def check(data: st.DataObject, store: Store = MEMORY) -> None:
 @given(data=st.data())
 def test_p18_rate_limits(data: st.DataObject) -> None:
     check(data)
+
+
+class _OneStartTooMany(nj.MemoryBackend):
+    """A planted fault: every job's rate is stored one start more generous than declared."""
+
+    async def insert_many(self, jobs: Sequence[NewJob]) -> list[InsertResult]:
+        return await super().insert_many([j._replace(rate_limit=j.rate_limit + 1) if j.rate_limit else j for j in jobs])
+
+
+class _Oversleeps(nj.MemoryBackend):
+    """A planted fault: a claim reports each next due time a second late."""
+
+    async def claim(self, queue: str, limit: int, *, max_running: int | None = None) -> ClaimResult:
+        got = await super().claim(queue, limit, max_running=max_running)
+        return ClaimResult(got.jobs, None if got.next_due is None else got.next_due + 1.0)
+
+
+@pytest.mark.parametrize("fault", [_OneStartTooMany, _Oversleeps], ids=["one-start-too-many", "oversleeps"])
+def test_p18_turns_red_on_a_planted_fault(fault: type[nj.MemoryBackend]) -> None:
+    """P18 is no toy: a backend that lets one start too many through, or sleeps past a slot,
+    fails it (and the failure is P18's)."""
+
+    @settings(max_examples=300, database=None, phases=[Phase.generate], deadline=None)
+    @given(data=st.data())
+    def run(data: st.DataObject) -> None:
+        check(data, store=Store("planted", fault))
+
+    with pytest.raises(PropertyFailed) as failed:
+        run()
+    assert failed.value.prop == "P18"
