@@ -127,6 +127,10 @@ async def test_a_version_1_schema_is_refused_then_upgraded_by_migrate(pg_url):
     schema = pgutil.new_schema(pg_url)
     with psycopg.connect(pg_url, autocommit=True) as conn:  # back to what version 1 left
         conn.execute(f'DELETE FROM "{schema}".migrations WHERE version >= 2')
+        conn.execute(f'DROP TABLE "{schema}".rate_keys')  # back before version 10
+        conn.execute(f'DROP FUNCTION "{schema}".rate_slot, "{schema}".rate_lock, "{schema}".rate_record')
+        conn.execute(f'DROP INDEX "{schema}".jobs_pending_rate')
+        conn.execute(f'ALTER TABLE "{schema}".jobs DROP COLUMN rate_key, DROP COLUMN rate_limit, DROP COLUMN rate_per')
         conn.execute(f'DROP TABLE "{schema}".outbox')  # back before version 9
         conn.execute(f'DROP TABLE "{schema}".schedules, "{schema}".locks')  # back before version 8
         conn.execute(f'DROP FUNCTION "{schema}".claim_held')  # back before version 6 too
@@ -155,7 +159,7 @@ async def test_a_version_1_schema_is_refused_then_upgraded_by_migrate(pg_url):
             pass
     assert migrate(pg_url, schema) == ["0002_claim_due_only.sql", "0003_args_as_text.sql", "0004_plans_that_hold.sql", "0005_less_bloat.sql",
                                        "0006_concurrency_keys.sql", "0008_schedules_and_locks.sql", "0009_outbox.sql",
-                                       "0011_parked_keys.sql"]
+                                       "0010_rate_limits.sql", "0011_parked_keys.sql"]
     with psycopg.connect(pg_url, autocommit=True) as conn:
         names = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s", (schema,))}
         (args_type,) = conn.execute(
