@@ -37,7 +37,7 @@ import trio
 from ..errors import ConfigError, JobNotFound
 from ..jobs import MAX_ERRORS_KEPT, Job, JobError, JobState, decode_args
 from .rows import rescue_message
-from .transitions import CancelAction, admit, after_outcome, after_rescue, check_room, on_cancel
+from .transitions import PENDING, CancelAction, admit, after_outcome, after_rescue, check_room, on_cancel
 from .protocol import (
     BackendEvent,
     Bounds,
@@ -328,7 +328,7 @@ class MemoryBackend:
             new[job.queue] = new.get(job.queue, 0) + 1
         for queue, n in new.items():
             q = self._queues.get(queue)
-            pending = q.counts[_A] + q.counts[_S] + q.counts[_RT] if q is not None else 0
+            pending = sum(q.counts[state] for state in PENDING) if q is not None else 0
             check_room(queue, pending + self._reserved.get(queue, 0) + n, bounds[queue])
         return new
 

@@ -222,6 +222,15 @@ class Scheduler:
                 (result,) = await self._store.insert_many([job], self._bounds)
             else:
                 (result,) = await self._store.insert_many([job])
+        except QueueFull as full:
+            log.warning(
+                "periodic: the run_at_start job of schedule %r not enqueued: queue %r is full (max_length %d)",
+                s.name,
+                full.queue,
+                full.max_length,
+                extra={"event": "periodic_queue_full", "schedule": s.name, "queue": full.queue},
+            )
+            return None
         except Exception:
             log.exception(
                 "periodic: the run_at_start job of schedule %r failed to enqueue",

@@ -19,9 +19,11 @@ never inserts jobs that no worker of this process would claim; the rows it leave
 next start or another process.
 
 A pass whose jobs do not fit a bounded queue (`max_length`) changes nothing: the backend
-raises `QueueFull` naming the queue, the events stay in the outbox, and the topics with a
-subscriber on that queue are left out of the passes for `relay_interval`, so the other topics
-go on relaying at once and the full queue's events are tried again a second later. The relay
+raises `QueueFull` naming the queue and the events stay in the outbox. The relay then passes
+again at once with half as many rows (a queue with room for fewer jobs than a pass makes still
+takes what fits), down to one; when even one event does not fit, the topics with a subscriber
+on that queue are left out of the passes for `relay_interval`, so the other topics go on
+relaying at once and the full queue's events are tried again a second later. The relay
 never waits for room (it would hold every topic behind one queue, and the shutdown behind it).
 
 Events of topics this app does not subscribe to are never claimed: several services may share
@@ -124,6 +126,7 @@ class Relay:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         topics, route, batch = self._router.topics, self._router, self._batch
+        limit = batch
         while True:
             if self._held:
                 active = self._active(topics)
@@ -134,11 +137,15 @@ class Relay:
                 active = topics
             try:
                 if self._bounds:
-                    claimed = await self._backend.relay(active, route, batch, self._bounds)
+                    claimed = await self._backend.relay(active, route, limit, self._bounds)
                 else:
-                    claimed = await self._backend.relay(active, route, batch)
+                    claimed = await self._backend.relay(active, route, limit)
             except QueueFull as full:
-                self._hold(full, active)
+                if limit > 1:
+                    limit //= 2  # what fits of the pass goes in at a smaller pass
+                else:
+                    self._hold(full, active)
+                    limit = batch
                 await trio.lowlevel.checkpoint()
                 continue
             except Exception:
@@ -151,6 +158,11 @@ class Relay:
                 continue
             if claimed:
                 self.passes += 1
+            if limit < batch:  # a bounded queue had less room than a whole pass: grow back
+                limit = min(batch, limit * 2)
+                if claimed:
+                    await trio.lowlevel.checkpoint()
+                    continue
             if claimed >= batch:
                 await trio.lowlevel.checkpoint()  # a backend whose calls never yield (memory)
                 continue

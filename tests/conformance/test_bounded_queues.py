@@ -13,9 +13,17 @@ import pytest
 import trio
 
 import nursery_jobs as nj
-from nursery_jobs.backends import Outbox
+from nursery_jobs.backends import Outbox, TransactionalEnqueue
 
 LATER = 10_000.0  # a delay that keeps a job pending (scheduled) for the whole test
+
+
+@pytest.fixture
+def tx_backend(make_backend, backend_name):
+    backend = make_backend()
+    if not isinstance(backend, TransactionalEnqueue):
+        pytest.skip(f"the {backend_name} backend has no transactions")
+    return backend
 
 
 def bounded_app(max_length: int = 3, push_timeout: float = 5.0, max_workers: int = 2) -> tuple[nj.App, nj.JobKind]:
@@ -152,14 +160,14 @@ async def test_enqueue_many_waits_for_room_for_all(make_backend, autojump_clock)
         assert done and await pending(rt) == 3
 
 
-async def test_enqueue_tx_into_full_queue_raises_at_once(make_backend, autojump_clock):
+async def test_enqueue_tx_into_full_queue_raises_at_once(tx_backend, autojump_clock):
     app, work = bounded_app(max_length=1, push_timeout=5.0)
 
     @app.job(queue="default")
     async def other(ctx: nj.JobContext) -> None:
         pass
 
-    async with nj.open_runtime(app, backend=make_backend(), queues=[]) as rt:
+    async with nj.open_runtime(app, backend=tx_backend, queues=[]) as rt:
         await work.enqueue(n=0)
         t0 = trio.current_time()
         async with rt.transaction() as tx:
@@ -172,9 +180,9 @@ async def test_enqueue_tx_into_full_queue_raises_at_once(make_backend, autojump_
         assert stats["bounded"].queued == 1 and stats["default"].queued == 1
 
 
-async def test_enqueue_tx_counts_toward_the_length(make_backend, autojump_clock):
+async def test_enqueue_tx_counts_toward_the_length(tx_backend, autojump_clock):
     app, work = bounded_app(max_length=2, push_timeout=0)
-    async with nj.open_runtime(app, backend=make_backend(), queues=[]) as rt:
+    async with nj.open_runtime(app, backend=tx_backend, queues=[]) as rt:
         async with rt.transaction() as tx:
             await work.enqueue_tx(tx, n=0)
             await work.enqueue_tx(tx, n=1)
@@ -317,3 +325,33 @@ async def test_periodic_tick_into_a_full_queue_is_retried_not_waited_for(make_ba
         info = {p.name: p for p in await rt.periodic()}["tick"]
         assert info.last_job_id is not None
         assert (await rt.stats())["bounded"].queued == 1  # one tick's job, never more
+
+
+async def test_relay_makes_what_fits_when_a_pass_is_larger_than_the_room(make_backend, autojump_clock):
+    backend = make_backend()
+    if not isinstance(backend, Outbox):
+        pytest.skip("no outbox")
+    app = nj.App()
+    app.queue("bounded", max_workers=1, timeout=None, max_length=5)
+
+    @app.subscribe("to.bounded")
+    @app.job(queue="bounded")
+    async def full_kind(ctx: nj.JobContext, n: int) -> None:
+        pass
+
+    async with nj.open_runtime(app, backend=backend, queues=[], settings=nj.RuntimeSettings(relay_interval=1.0)) as rt:
+        held = await full_kind.options(delay=LATER).enqueue(n=0)
+        for n in range(8):
+            await rt.publish("to.bounded", {"n": n})
+        with trio.fail_after(5):
+            while (await rt.stats())["bounded"].queued < 5:
+                await trio.sleep(0.1)
+        await trio.sleep(3)
+        assert (await rt.stats())["bounded"].queued == 5  # four events relayed, four wait
+        await rt.cancel(held)
+        with trio.fail_after(5):
+            while (await rt.stats())["bounded"].queued < 5 or (await rt.stats())["bounded"].cancelled < 1:
+                await trio.sleep(0.1)
+        await trio.sleep(2)
+        stats = (await rt.stats())["bounded"]
+        assert stats.queued == 5 and stats.cancelled == 1  # one more event relayed into the freed room
