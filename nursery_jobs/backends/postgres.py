@@ -1106,8 +1106,9 @@ class PostgresBackend:
         try:
             # In a caller's transaction the queue's lock would be held until the caller ends it,
             # stopping every other enqueue of the queue meanwhile: the check counts what has
-            # committed (and this transaction's own jobs) without it (docs/queues.md).
-            results = await self._insert(session, jobs, run_ats, now, bounds, serialize=False)
+            # committed (and this transaction's own jobs) without it (docs/queues.md). On an
+            # autocommit connection the insert is a short transaction of its own: locked, exact.
+            results = await self._insert(session, jobs, run_ats, now, bounds, serialize=session.idle())
         except psycopg.errors.UndefinedTable as exc:
             raise ConfigError(
                 f"enqueue_tx: the connection reaches database {conn.info.dbname!r}, which has no nursery_jobs schema "
