@@ -321,9 +321,9 @@ async def test_periodic_tick_into_a_full_queue_is_retried_not_waited_for(make_ba
         full = [r for r in caplog.records if getattr(r, "event", None) == "periodic_queue_full"]
         assert full and all(r.levelno == logging.WARNING for r in full)
         await rt.cancel(holder)
-        await trio.sleep(15)
-        info = {p.name: p for p in await rt.periodic()}["tick"]
-        assert info.last_job_id is not None
+        with trio.fail_after(130):  # the retry's delay doubles up to MAX_SLEEP (60 s)
+            while {p.name: p for p in await rt.periodic()}["tick"].last_job_id is None:
+                await trio.sleep(1)
         assert (await rt.stats())["bounded"].queued == 1  # one tick's job, never more
 
 
