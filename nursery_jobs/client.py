@@ -12,6 +12,7 @@ cancelled); if the call returns, it happened exactly once.
 from __future__ import annotations
 
 import datetime
+import math
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
@@ -85,7 +86,12 @@ class Client:
         }
         """The app's bounded queues and their `max_length` (empty: none, and enqueue pays nothing)."""
         self._room_waiters: set[Wakeup] = set()
-        """Enqueues waiting for room in a full bounded queue (woken at once by shutdown)."""
+        """Enqueues waiting for room in a full bounded queue (woken at once by shutdown, and when
+        an enqueue of this process found room)."""
+        self._full_at: dict[str, float] = {}
+        """Per bounded queue, when an enqueue of this process last found it full: a waiting
+        enqueue does not try again sooner than its own poll delay after that, so a crowd of
+        waiters costs the store about one attempt per poll, not one per waiter."""
 
     @property
     def closing(self) -> bool:
@@ -170,38 +176,51 @@ class Client:
         """`insert_many` into bounded queues: while the backend answers `QueueFull`, look again
         after a short poll (`PUSH_POLL`: 10 ms doubling to 250 ms), until the queue's
         `push_timeout` has passed (the longest of the batch's queues), then raise `QueueFull`
-        saying what to do. Shutdown ends the wait at once (`RuntimeClosed`). Nothing is
-        enqueued unless the call returns."""
+        saying what to do. A poll is skipped when another enqueue of this process found the queue
+        full within this one's poll delay (`_full_at`); an enqueue that finds room wakes the
+        others. Shutdown ends the wait at once (`RuntimeClosed`). Nothing is enqueued unless the
+        call returns."""
         timeout = max(self.app.queues[queue].push_timeout for queue in bounds)
         deadline = trio.current_time() + timeout
         delay, longest = PUSH_POLL
         waker = Wakeup()
+        full: QueueFull | None = None
         while True:
-            try:
-                return await self.backend.insert_many(jobs, bounds)
-            except QueueFull as full:
-                left = deadline - trio.current_time()
-                if left <= 0:
-                    raise QueueFull(
-                        f"{full}; it stayed full for the queue's push_timeout of {timeout:g} s and nothing was "
-                        "enqueued. Add workers (or processes) for the queue, raise its max_length, or treat this "
-                        "as backpressure: retry later, or answer the request with \"busy\"",
-                        queue=full.queue,
-                        max_length=full.max_length,
-                        pending=full.pending,
-                    ) from None
-                self._room_waiters.add(waker)
+            last_full = max((self._full_at.get(queue, -math.inf) for queue in bounds), default=-math.inf)
+            if full is None or trio.current_time() - last_full >= delay:
                 try:
-                    with trio.move_on_after(min(delay, left)):
-                        await waker.wait()
-                finally:
-                    self._room_waiters.discard(waker)
-                if self.closing:
-                    raise RuntimeClosed(
-                        f"the runtime began shutting down while this enqueue waited for room in queue "
-                        f"{full.queue!r} (max_length {full.max_length}); nothing was enqueued"
-                    ) from None
-                delay = min(delay * 2, longest)
+                    results = await self.backend.insert_many(jobs, bounds)
+                except QueueFull as exc:
+                    full = exc
+                    self._full_at[exc.queue] = trio.current_time()
+                else:
+                    for queue in bounds:
+                        self._full_at.pop(queue, None)
+                    for other in tuple(self._room_waiters):  # there was room: the others look again now
+                        other.set()
+                    return results
+            left = deadline - trio.current_time()
+            if left <= 0:
+                raise QueueFull(
+                    f"{full}; it stayed full for the queue's push_timeout of {timeout:g} s and nothing was "
+                    "enqueued. Add workers (or processes) for the queue, raise its max_length, or treat this "
+                    "as backpressure: retry later, or answer the request with \"busy\"",
+                    queue=full.queue,
+                    max_length=full.max_length,
+                    pending=full.pending,
+                ) from None
+            self._room_waiters.add(waker)
+            try:
+                with trio.move_on_after(min(delay, left)):
+                    await waker.wait()
+            finally:
+                self._room_waiters.discard(waker)
+            if self.closing:
+                raise RuntimeClosed(
+                    f"the runtime began shutting down while this enqueue waited for room in queue "
+                    f"{full.queue!r} (max_length {full.max_length}); nothing was enqueued"
+                ) from None
+            delay = min(delay * 2, longest)
 
     async def enqueue(
         self,
