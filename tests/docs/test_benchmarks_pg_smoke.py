@@ -165,3 +165,12 @@ def test_outbox_relay_smoke_mode_runs() -> None:
         assert label in out, out
     for backend in ("postgres", "sqlite", "memory"):
         assert f"\n{backend} " in out, out
+
+
+@pytest.mark.usefixtures("postgres_reachable")
+def test_bounded_queues_smoke_mode_runs() -> None:
+    out = run_quick("bounded_queues.py", "--smoke").stdout
+    for label in ("bounded near full µs", "free / no bound", "smoke run: nothing judged"):
+        assert label in out, out
+    for backend in ("postgres", "sqlite", "memory"):
+        assert f"\n{backend} " in out, out
