@@ -42,7 +42,8 @@ from . import (
     test_p14_cancel_atomic,
     test_p15_replay,
     test_p16_key_limits,
-    test_p17_bounded_length,
+    test_p17_batches,
+    test_p18_bounded_length,
 )
 from tests import registry
 
@@ -69,7 +70,8 @@ PROPERTIES: list[tuple[str, Check, int]] = [
     ("P14", test_p14_cancel_atomic.check, 10),
     ("P15", test_p15_replay.check, 5),
     ("P16", test_p16_key_limits.check, 10),
-    ("P17", test_p17_bounded_length.check, 10),
+    ("P17", test_p17_batches.check, 8),
+    ("P18", test_p18_bounded_length.check, 10),
 ]
 
 
