@@ -43,7 +43,8 @@ from . import (
     test_p15_replay,
     test_p16_key_limits,
     test_p17_batches,
-    test_p18_bounded_length,
+    test_p18_rate_limits,
+    test_p19_bounded_length,
 )
 from tests import registry
 
@@ -71,7 +72,8 @@ PROPERTIES: list[tuple[str, Check, int]] = [
     ("P15", test_p15_replay.check, 5),
     ("P16", test_p16_key_limits.check, 10),
     ("P17", test_p17_batches.check, 8),
-    ("P18", test_p18_bounded_length.check, 10),
+    ("P18", test_p18_rate_limits.check, 10),
+    ("P19", test_p19_bounded_length.check, 10),
 ]
 
 

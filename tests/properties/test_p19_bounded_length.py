@@ -1,4 +1,4 @@
-"""P18 -- bounded queues: an insert with `bounds` is accepted exactly when it fits, and a refused
+"""P19 -- bounded queues: an insert with `bounds` is accepted exactly when it fits, and a refused
 one changes nothing.
 
 How: a drawn program of protocol calls on one backend -- bounded inserts of batches (some jobs
@@ -80,18 +80,18 @@ def check(data: st.DataObject, store: Store = MEMORY) -> None:
                     try:
                         results = await backend.insert_many(jobs, {Q: max_length})
                     except nj.QueueFull:
-                        expect(not fits, "P18", f"refused {new} new jobs with {waiting} waiting, max_length {max_length}")
+                        expect(not fits, "P19", f"refused {new} new jobs with {waiting} waiting, max_length {max_length}")
                         after = await _rows(backend, ids)
-                        expect(after == before, "P18", "a refused insert changed rows")
+                        expect(after == before, "P19", "a refused insert changed rows")
                         stats = (await backend.stats()).get(Q)
                         total = 0 if stats is None else sum(
                             getattr(stats, s) for s in ("available", "scheduled", "running", "retryable", "completed", "discarded", "cancelled")
                         )  # fmt: skip
-                        expect(total == len(ids), "P18", f"a refused insert left {total - len(ids)} rows")
+                        expect(total == len(ids), "P19", f"a refused insert left {total - len(ids)} rows")
                         continue
-                    expect(fits, "P18", f"accepted {new} new jobs with {waiting} waiting, max_length {max_length}")
+                    expect(fits, "P19", f"accepted {new} new jobs with {waiting} waiting, max_length {max_length}")
                     made = sorted({r.id for r in results if not r.existing})
-                    expect(len(made) == new, "P18", f"accepted an insert that made {len(made)} jobs, not {new}")
+                    expect(len(made) == new, "P19", f"accepted an insert that made {len(made)} jobs, not {new}")
                     ids += made
                 elif step[0] == "claim":
                     got = (await backend.claim(Q, step[1])).jobs
@@ -119,5 +119,5 @@ def check(data: st.DataObject, store: Store = MEMORY) -> None:
 
 @settings(max_examples=examples(100), deadline=None)
 @given(data=st.data())
-def test_p18_bounded_length(data: st.DataObject) -> None:
+def test_p19_bounded_length(data: st.DataObject) -> None:
     check(data)
