@@ -113,6 +113,7 @@ _MIN_STATEMENT_TIMEOUT = 0.001
 _MAX_STATEMENT_TIMEOUT = 2_147_483  # seconds: INT_MAX milliseconds, rounded down
 _NOTIFY_IDS_PER_PAYLOAD = 400  # NOTIFY payloads are limited to 8000 bytes
 _STATES = {s.value: s for s in JobState}
+_tuple_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 POOL_SESSION = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off", "jit": "off"}
 """Settings of every pooled connection, which runs only the runtime's own statements.
 
@@ -524,8 +525,9 @@ class PostgresBackend:
         self._listeners.remove(listener)
 
     def _emit(self, events: Sequence[BackendEvent]) -> None:
+        listeners = tuple(self._listeners)  # once per batch, not per event
         for event in events:
-            for listener in tuple(self._listeners):
+            for listener in listeners:
                 listener(event)
 
     def check_budget(self, workers: int) -> None:
@@ -791,20 +793,26 @@ class PostgresBackend:
         }
         q = self._q["finish"]
         rows = await self._run(lambda c: _all(c, q, params))
+        # One JobFinalized per row (the ids are distinct: one row per job), and each queue's
+        # wake-ups once per batch (a batch's rows share them). Built per row, so kept lean: no
+        # hashing of the finalized events, each NamedTuple built without its Python __new__.
         events: list[BackendEvent] = []
+        wakes: dict[JobsAvailable, None] = {}
         for job_id, queue, state, run_at, message, key in rows:
             st = _STATES[state]
             if st.final:
-                events.append(JobFinalized(job_id, st, message))
+                events.append(_tuple_new(JobFinalized, (job_id, st, message)))
                 if key is not None:
-                    events.append(JobsAvailable(queue))  # its slot is free
+                    wakes[JobsAvailable(queue)] = None  # its slot is free
             elif run_at <= now:
-                events.append(JobsAvailable(queue))
+                wakes[JobsAvailable(queue)] = None
             else:
-                events.append(JobsAvailable(queue, run_at))
+                wakes[JobsAvailable(queue, run_at)] = None
                 if key is not None:
-                    events.append(JobsAvailable(queue))  # its slot is free
-        self._emit(list(dict.fromkeys(events)))  # a batch's rows share their queues' wake-ups
+                    wakes[JobsAvailable(queue)] = None  # its slot is free
+        if wakes:
+            events += wakes
+        self._emit(events)
 
     async def _notify(self, ids: list[int], queues: list[str], kind: str) -> None:
         channels: list[str] = []
