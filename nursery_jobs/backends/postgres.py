@@ -631,10 +631,13 @@ class PostgresBackend:
         if kind == "o":
             self._emit([OutboxPublished()])
             return
-        events: list[BackendEvent] = []
-        for text in ids.split(","):
-            if text.isdigit():
-                events.append(JobFinalized(int(text), None) if kind == "f" else CancelRequested(int(text), False))
+        # Another process's outcome batch names up to 400 finalized ids: one event each, built
+        # without the NamedTuple's Python-level __new__ (every process reads every batch).
+        events: list[BackendEvent]
+        if kind == "f":
+            events = [_tuple_new(JobFinalized, (int(text), None, None)) for text in ids.split(",") if text.isdecimal()]
+        else:
+            events = [CancelRequested(int(text), False) for text in ids.split(",") if text.isdecimal()]
         self._emit(events)
 
     # -- protocol --
