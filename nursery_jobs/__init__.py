@@ -23,7 +23,7 @@ is still running when the grace period ends.
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
-from .app import App, JobKind
+from .app import App, BatchKind, JobKind
 from .backends import Backend, open_backend
 from .backends.memory import MemoryBackend
 from .config import QueueConfig, RetryPolicy, RuntimeSettings
@@ -41,7 +41,7 @@ from .errors import (
     UnknownJob,
 )
 from .infra.threads import run_blocking
-from .jobs import Discard, Job, JobContext, JobError, JobId, JobState, Receipt, Resource, Resources, Snooze
+from .jobs import BatchContext, BatchJob, Discard, Job, JobContext, JobError, JobId, JobState, Receipt, Resource, Resources, Snooze
 from .client import Client, QueueStats
 from .runtime import Runtime, open_runtime, publish, run
 from .services.periodic import PeriodicInfo
@@ -55,6 +55,9 @@ __all__ = [
     "Backend",
     "BackendError",
     "BackendUnavailable",
+    "BatchContext",
+    "BatchJob",
+    "BatchKind",
     "Client",
     "ConfigError",
     "Discard",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import inspect
 import math
+import typing
 from collections import abc
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Generic, Iterable, Mapping, ParamSpec, Protocol, TypeVar, cast, overload
 
@@ -29,12 +30,12 @@ from .config import (
 )
 from .cron import Cron, parse_schedule
 from .errors import ArgsError, ConfigError, UnknownJob
-from .jobs import ArgsChecker, Resource, Resources, check_context_param, encode_args
+from .jobs import ArgsChecker, BatchContext, BatchJob, Resource, Resources, check_context_param, encode_args
 
 if TYPE_CHECKING:
     from .jobs import JobContext, JobId
 
-__all__ = ["App", "EnqueueOptions", "JobKind", "Periodic", "Subscription"]
+__all__ = ["App", "BatchKind", "EnqueueOptions", "JobKind", "Periodic", "Subscription"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -286,6 +287,80 @@ class JobKind(Generic[P, R]):
         connection of your own: see `Client.enqueue_tx`); returns its id. The job exists only
         if that transaction commits."""
         return await BoundEnqueue(self, _NO_OPTIONS).enqueue_tx(conn, **args)
+
+
+MAX_BATCH_SIZE = 1_000
+"""The largest `max_size` of a batch kind: a batch's jobs are claimed, heartbeated and written
+together, and the completer writes at most this many outcomes in one call."""
+
+
+def _batch_args_type(fn: Callable[..., Any], kind_name: str, hints: Mapping[str, Any]) -> Any:
+    """The TypedDict that types a batch handler's jobs' args (``jobs: list[nj.BatchJob[T]]``),
+    or None when they are plain mappings; `ConfigError` for a handler that does not take
+    ``(ctx, jobs)`` or annotates `jobs` with what cannot be checked."""
+    params = list(inspect.signature(fn).parameters.values())
+    plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    extra = [p for p in params[2:] if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if len(params) < 2 or params[1].kind not in plain or extra:
+        raise ConfigError(
+            f"batch job handler {kind_name!r} must take (ctx, jobs) and nothing else: "
+            f"`async def {getattr(fn, '__name__', 'handler')}(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> ...`; "
+            "each job's arguments are job.args"
+        )
+    ann = hints.get(params[1].name, Any)
+    if ann is Any or isinstance(ann, str):
+        return None
+    origin = typing.get_origin(ann)
+    if origin not in (list, abc.Sequence, abc.Iterable, abc.Collection) and ann not in (list, abc.Sequence):
+        raise ConfigError(
+            f"batch job handler {kind_name!r}: its jobs parameter is annotated {ann!r}; annotate it "
+            "list[nj.BatchJob] or list[nj.BatchJob[ArgsTypedDict]] (the handler gets a list)"
+        )
+    inner = typing.get_args(ann)
+    if not inner or inner[0] is BatchJob or inner[0] is Any:
+        return None
+    item = inner[0]
+    if typing.get_origin(item) is not BatchJob:
+        raise ConfigError(
+            f"batch job handler {kind_name!r}: its jobs are {item!r}; annotate them nj.BatchJob or "
+            "nj.BatchJob[ArgsTypedDict]"
+        )
+    (args_type,) = typing.get_args(item)
+    if args_type is Any or args_type is dict or typing.get_origin(args_type) in (dict, abc.Mapping) or args_type is abc.Mapping:
+        return None
+    if not typing.is_typeddict(args_type):
+        raise ConfigError(
+            f"batch job handler {kind_name!r}: the args type {args_type!r} cannot be checked at enqueue; use a "
+            "TypedDict of JSON types (checked at every enqueue), or dict[str, Any] (plain mappings)"
+        )
+    return args_type
+
+
+@attrs.frozen(eq=False, repr=False)
+class BatchKind(JobKind[..., Any]):
+    """A batch job kind, made by `@app.batch_job`: its handler ``async def h(ctx, jobs)`` runs
+    on up to `max_size` claimed jobs of the kind at once, collected for at most `max_wait`
+    seconds after the first (docs/batches.md). Enqueued like any kind: each job is one
+    `enqueue(**args)`, its args any JSON mapping, or checked against the TypedDict of the
+    handler's ``jobs: list[nj.BatchJob[T]]``."""
+
+    max_size: int = 20
+    max_wait: float = 0.1
+
+    def __attrs_post_init__(self) -> None:
+        hints = check_context_param(self.fn, self.name, BatchContext)
+        args_type = _batch_args_type(self.fn, self.name, hints)
+        if args_type is not None:
+            object.__setattr__(self, "_types", ArgsChecker.for_typeddict(self.name, args_type))
+        object.__setattr__(self, "_simple", True)
+        object.__setattr__(self, "_var_keyword", True)  # any keyword: the args are the job's mapping
+
+    def __repr__(self) -> str:
+        return f"<BatchKind {self.name!r} queue={self.queue!r} max_size={self.max_size} max_wait={self.max_wait:g}>"
+
+    def check_args(self, args: Mapping[str, Any]) -> None:
+        """Any mapping fits a batch kind (its handler takes the jobs, not keyword arguments);
+        the TypedDict of its annotation, if any, is checked at enqueue."""
 
 
 @attrs.frozen
@@ -562,6 +637,89 @@ class App:
             return kind
 
         return cast(PeriodicDecorator, register)
+
+    def batch_job(
+        self,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        max_size: int = 20,
+        max_wait: float = 0.1,
+        timeout: float | None = None,
+        max_attempts: int = 25,
+        name: str | None = None,
+        priority: int = 0,
+        retry: RetryPolicy | None = None,
+        unique: Callable[[Mapping[str, Any]], str | None] | None = None,
+        **unsupported: Any,
+    ) -> Callable[[Callable[..., Awaitable[Any]]], BatchKind]:
+        """Register a batch handler ``async def fn(ctx: nj.BatchContext, jobs:
+        list[nj.BatchJob]) -> list[nj.BatchJob] | None`` as a job kind (docs/batches.md).
+
+        Jobs are enqueued one by one like any kind's (`kind.enqueue(**args)`, `enqueue_many`,
+        `enqueue_tx`). A worker collects claimed jobs of the kind into a batch of at most
+        `max_size`, for at most `max_wait` seconds after the batch's first job (never longer:
+        full, it runs at once), and calls the handler once with them. It returns the jobs it
+        could not handle (None or an empty list: all handled): those are retried with the
+        kind's backoff, each on its own attempt count (a job out of attempts is discarded);
+        the others complete. A handler that raises, or a batch that passes its timeout (one
+        deadline for the batch, `timeout` or the queue's), fails every job of it as one attempt
+        each. A batch occupies one worker of the queue for as long as it collects and runs.
+
+        `timeout`, `max_attempts`, `name`, `priority`, `retry` and `unique` are those of
+        `app.job`. Raises `ConfigError` for an unknown queue, a duplicate name, a handler
+        that does not take ``(ctx, jobs)``, a bad `max_size` (an int from 1 to 1,000) or
+        `max_wait` (finite seconds >= 0), and for what a batch cannot have: `concurrency_key`,
+        `max_concurrent`, `rate`, `rate_key` (a limit counts job starts, and a batch starts its
+        jobs together, so it would have to split the batch), `asyncio` (the handler is a Trio
+        coroutine)."""
+        for option, value in unsupported.items():
+            if option in ("concurrency_key", "max_concurrent", "rate", "rate_key"):
+                raise ConfigError(
+                    f"batch_job does not take {option}=: a per-key or rate limit counts each job's start, and a "
+                    "batch starts all its jobs at once, so the limit could only hold by splitting batches; declare "
+                    "the limited work as a plain @app.job, or bound the batch with max_size and the queue's "
+                    "max_workers / global_max_workers"
+                )
+            if option == "asyncio":
+                if value:
+                    raise ConfigError(
+                        "batch_job does not take asyncio=True: a batch handler is a Trio coroutine; call asyncio "
+                        "code from an @app.job(asyncio=True) kind instead"
+                    )
+                continue
+            raise ConfigError(f"batch_job got an unknown option {option}={value!r}")
+        if isinstance(max_size, bool) or not isinstance(max_size, int) or not 1 <= max_size <= MAX_BATCH_SIZE:
+            raise ConfigError(f"max_size must be an int from 1 to {MAX_BATCH_SIZE:,}, not {max_size!r}")
+        if isinstance(max_wait, bool) or not isinstance(max_wait, (int, float)) or not math.isfinite(max_wait) or max_wait < 0:
+            raise ConfigError(
+                f"max_wait must be a finite number of seconds >= 0, not {max_wait!r} (a batch waits at most this long "
+                "after its first job)"
+            )
+        # Every check @app.job makes of these options (queue, timeout, attempts, priority, unique),
+        # in one place; its decorator is not applied, so nothing is registered by it.
+        self.job(
+            queue=queue, timeout=timeout, max_attempts=max_attempts, name=name, priority=priority, retry=retry,
+            unique=unique,
+        )  # fmt: skip
+
+        def register(fn: Callable[..., Awaitable[Any]]) -> BatchKind:
+            if not inspect.iscoroutinefunction(fn):
+                raise ConfigError(
+                    f"batch job handler {getattr(fn, '__qualname__', fn)!r} must be an `async def`; "
+                    "wrap blocking calls in nursery_jobs.run_blocking()"
+                )
+            kind_name = check_name("job", name if name is not None else getattr(fn, "__name__", None))
+            if kind_name in self._kinds:
+                raise ConfigError(f"job name {kind_name!r} is registered twice; pass name=... to tell them apart")
+            kind = BatchKind(
+                fn, name=kind_name, queue=queue, timeout=check_timeout("job timeout", timeout, allow_none=True),
+                max_attempts=max_attempts, priority=priority, retry=retry, unique=unique, max_size=max_size,
+                max_wait=float(max_wait),
+            )  # fmt: skip
+            self._kinds[kind_name] = kind
+            return kind
+
+        return register
 
     def uses_queue(self, name: str) -> bool:
         """True if the queue was declared with `app.queue` or a job kind uses it (the "default"

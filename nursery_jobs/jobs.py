@@ -29,6 +29,8 @@ from .errors import ArgsError, ConfigError, JobNotFound
 
 __all__ = [
     "ArgsChecker",
+    "BatchContext",
+    "BatchJob",
     "Discard",
     "Job",
     "JobContext",
@@ -341,6 +343,100 @@ class JobContext:
         return reason
 
 
+A = TypeVar("A")
+
+
+class BatchJob(Generic[A]):
+    """One job of a batch, as a batch handler (`@app.batch_job`) sees it: its `id`, its `args`
+    (the mapping it was enqueued with; typed `A` when the handler annotates ``jobs:
+    list[nj.BatchJob[SomeTypedDict]]``), its `attempt` (counted per job, from 1) and
+    `max_attempts`, and `cancel_requested` (True once `rt.cancel` reached it while the batch
+    runs: whatever the handler does with it, it ends cancelled)."""
+
+    __slots__ = ("args", "_member")
+
+    def __init__(self, member: Any, args: A) -> None:
+        self.args = args
+        self._member = member
+
+    @property
+    def id(self) -> int:
+        job_id: int = self._member.job.id
+        return job_id
+
+    @property
+    def attempt(self) -> int:
+        number: int = self._member.job.attempt
+        return number
+
+    @property
+    def max_attempts(self) -> int:
+        most: int = self._member.job.max_attempts
+        return most
+
+    @property
+    def cancel_requested(self) -> bool:
+        return bool(self._member.reason == "cancel")
+
+    def __repr__(self) -> str:
+        return f"BatchJob(id={self.id!r}, attempt={self.attempt!r}, args={self.args!r})"
+
+
+@attrs.define(repr=False)
+class BatchContext:
+    """What a batch handler knows about the batch it is running: `jobs` (the `BatchJob`s, in
+    claim order), `deadline` (the Trio-clock instant at which the batch's timeout fires, `inf`
+    for none: one deadline for the whole batch), `kind`, `queue`, `children()`, `resources`,
+    `client` and `cancel_reason`, as on `JobContext`. Each job's own attempt number is
+    ``job.attempt``. `args` is empty: a batch has no arguments of its own (it is there for
+    middleware, which sees this context around a batch)."""
+
+    jobs: list[BatchJob[Any]]
+    deadline: float
+    _batch: Any = attrs.field(repr=False, alias="batch_handle")
+    args: dict[str, Any] = attrs.field(factory=dict)
+
+    @property
+    def kind(self) -> str:
+        kind: str = self._batch.kind
+        return kind
+
+    @property
+    def queue(self) -> str:
+        queue: str = self._batch.queue
+        return queue
+
+    def __repr__(self) -> str:
+        ids = [job.id for job in self.jobs]
+        return f"BatchContext(kind={self.kind!r}, queue={self.queue!r}, jobs={ids!r}, deadline={self.deadline!r})"
+
+    def children(self) -> Any:
+        """An async context manager owning the batch's child tasks (see `JobContext.children`):
+        a timeout or shutdown of the batch cancels them too."""
+        return self._batch.open_children()
+
+    @property
+    def resources(self) -> Resources:
+        """The app's resources, as on `JobContext.resources`."""
+        resources: Resources = self._batch.resources
+        return resources
+
+    @property
+    def client(self) -> Any:
+        """The runtime's client, as on `JobContext.client`."""
+        return self._batch.client
+
+    @property
+    def cancel_reason(self) -> str | None:
+        """Why the whole batch is being cancelled, once it is: "shutdown", "timeout", or
+        "cancel" / "lost" when every job of the batch was cancelled or lost; None while it is
+        not. A cancel of some of the jobs does not cancel the batch (`BatchJob.cancel_requested`)."""
+        reason: str | None = self._batch.reason
+        if reason is None and self._batch.scope.cancel_called:
+            return "timeout"
+        return reason
+
+
 class Snooze(Exception):
     """Raise from a handler to run the job again after `seconds`, without spending an attempt."""
 
@@ -570,18 +666,19 @@ class _Holder:
         self.__annotations__ = {name: annotation}
 
 
-def check_context_param(fn: Callable[..., Any], kind_name: str) -> dict[str, Any]:
-    """`ConfigError` unless the handler's first parameter can take the `JobContext`; returns the
-    handler's evaluated annotations.
+def check_context_param(fn: Callable[..., Any], kind_name: str, context: type = JobContext) -> dict[str, Any]:
+    """`ConfigError` unless the handler's first parameter can take the `JobContext` (`context`:
+    the `BatchContext` of a batch handler); returns the handler's evaluated annotations.
 
     It must be positional, and annotated with `JobContext` (or Any, object) or, unannotated, be
     named `ctx` (or `context`, `_ctx`, `_`): ``async def f(doc_id)`` would otherwise be handed the
     context as `doc_id`, and every enqueue would fail with a confusing `ArgsError`."""
     params = list(inspect.signature(fn).parameters.values())
-    write = f"write `async def {getattr(fn, '__name__', 'handler')}(ctx: nj.JobContext, ...)`"
+    cname = context.__name__
+    write = f"write `async def {getattr(fn, '__name__', 'handler')}(ctx: nj.{cname}, ...)`"
     if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
         raise ConfigError(
-            f"job handler {kind_name!r} ({_label(fn)}) must take the JobContext as its first, positional "
+            f"job handler {kind_name!r} ({_label(fn)}) must take the {cname} as its first, positional "
             f"parameter; {write}"
         )
     hints = _type_hints(fn, params)
@@ -592,12 +689,13 @@ def check_context_param(fn: Callable[..., Any], kind_name: str) -> dict[str, Any
     elif isinstance(ann, str):  # unresolvable (TYPE_CHECKING import): trust a name that says context
         ok = "Context" in ann
     else:
-        ok = ann is Any or ann is object or (isinstance(ann, type) and issubclass(JobContext, ann))
+        ok = ann is Any or ann is object or (isinstance(ann, type) and issubclass(context, ann))
     if not ok:
         shown = "unannotated" if ann is inspect.Parameter.empty else f"annotated {ann!r}"
         raise ConfigError(
             f"job handler {kind_name!r} ({_label(fn)}): its first parameter {first.name!r} ({shown}) is where "
-            f"the JobContext goes; {write} (name it ctx or annotate it nj.JobContext; job args follow it)"
+            f"the {cname} goes; {write} (name it ctx or annotate it nj.{cname}; "
+            f"{'job args' if context is JobContext else 'the jobs'} follow it)"
         )
     return hints
 
@@ -681,6 +779,14 @@ class ArgsChecker:
         struct = msgspec.defstruct(f"{kind_name}_args", fields, forbid_unknown_fields=False)
         return cls(kind_name, struct, types, extras)
 
+    @classmethod
+    def for_typeddict(cls, kind_name: str, td: Any) -> ArgsChecker:
+        """The checker of a batch kind whose jobs' args are typed by the TypedDict `td`
+        (``jobs: list[nj.BatchJob[td]]``): its required keys must be there, every field of the
+        type it says; other keys pass, unchecked. `ConfigError` for a field that is not a JSON type."""
+        _check_json_type(td, f"job {kind_name!r}, the args type")
+        return cls(kind_name, td, typing.get_type_hints(td), None)
+
     def check(self, args: Mapping[str, Any]) -> None:
         """`ArgsError` naming the kind, the argument, what was expected and what was given."""
         try:
@@ -690,6 +796,11 @@ class ArgsChecker:
             path = path.rstrip("`")
             name = path[2:].split(".")[0].split("[")[0] if path.startswith("$.") else ""
             rel = path[2 + len(name) :]
+            if not name:  # the mapping as a whole (a batch kind's TypedDict: a required key missing)
+                raise ArgsError(
+                    f"job {self.kind!r}: args {_short_repr(dict(args), 200)} do not fit its args type: "
+                    f"{detail[0].lower()}{detail[1:]}"
+                ) from None
             raise ArgsError(self._describe(name, self._types.get(name), args.get(name), detail, rel)) from None
         if self._extras is not None:
             known = self._struct.__struct_fields__

@@ -26,18 +26,41 @@ import inspect
 import logging
 import math
 import random
+from collections import abc
 from typing import Any, Awaitable, Callable, Iterator, NamedTuple
 
 import trio
 
 from .._context import current_resources, get_enqueuer
-from ..app import JobKind, Middleware
+from ..app import BatchKind, JobKind, Middleware
 from ..backends import ClaimedJob, Outcome, OutcomeKind
 from ..backends.transitions import on_failure
 from ..config import RetryPolicy
-from ..jobs import Discard, JobContext, JobError, Resources, Snooze, clean_text, describe_exception, format_traceback
+from ..infra.sync import Wakeup
+from ..jobs import (
+    BatchJob,
+    Discard,
+    JobContext,
+    JobError,
+    Resources,
+    Snooze,
+    clean_text,
+    describe_exception,
+    format_traceback,
+)
 
-__all__ = ["Attempt", "AttemptRegistry", "KindRunner", "Middleware", "decide", "process_exit", "report_failure"]
+__all__ = [
+    "Attempt",
+    "AttemptRegistry",
+    "Batch",
+    "BatchMember",
+    "KindRunner",
+    "Middleware",
+    "decide",
+    "decide_batch",
+    "process_exit",
+    "report_failure",
+]
 
 log = logging.getLogger("nursery_jobs")
 
@@ -81,6 +104,68 @@ class Attempt:
             self.scope.cancel(reason=_REASON_TEXT.get(self.reason, self.reason))
         else:  # pragma: no cover - trio < 0.31 has no cancel reasons
             self.scope.cancel()
+
+
+class Batch(Attempt):
+    """A batch of a batch kind (`@app.batch_job`): collected, then run under one scope.
+
+    It is an `Attempt` of its first job for what the handler's context reads (its scope, the
+    batch's reason, children, resources, client); it is never in the registry itself: each of
+    its jobs is, as a `BatchMember`, so heartbeats renew every job and a cancel or a lost claim
+    reaches the job it names. `until` is when collection ends at the latest (`max_wait` after
+    the first job); `members` are the jobs collected, then those the batch runs with."""
+
+    __slots__ = ("kind", "max_size", "until", "members", "wakeup", "started")
+
+    def __init__(self, first: ClaimedJob, max_size: int, until: float, children: Callable[[ClaimedJob], Any]) -> None:
+        super().__init__(first, trio.CancelScope(), children)
+        self.kind = first.kind
+        self.max_size = max_size
+        self.until = until
+        self.members: list[BatchMember] = []
+        self.wakeup = Wakeup()
+        """Set when the batch is full, and when the queue stops claiming: its worker looks again."""
+        self.started = False
+
+    @property
+    def room(self) -> int:
+        return self.max_size - len(self.members) if not self.started else 0
+
+    def add(self, job: ClaimedJob) -> BatchMember:
+        member = BatchMember(job, self)
+        self.members.append(member)
+        if len(self.members) >= self.max_size:
+            self.wakeup.set()
+        return member
+
+    def member_cancelled(self, reason: str) -> None:
+        """A job of the running batch was cancelled (`BatchMember.cancel`): a shutdown cuts the
+        whole batch; otherwise the batch goes on for the others, and is cut only once every job
+        of it is cancelled or lost (nothing left to do for anyone)."""
+        if not self.started:
+            return  # collecting: the job is left out when the batch starts
+        if reason == "shutdown" or all(m.reason is not None for m in self.members):
+            self.cancel(reason)
+
+
+class BatchMember(Attempt):
+    """One job of a `Batch`, in the attempt registry. Its own scope is never entered: cancelling
+    it marks the job (its outcome is then decided by its reason, whatever the handler did with
+    it) and tells the batch (`Batch.member_cancelled`)."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, job: ClaimedJob, batch: Batch) -> None:
+        super().__init__(job, trio.CancelScope(), _no_children)
+        self.batch = batch
+
+    def cancel(self, reason: str) -> None:
+        super().cancel(reason)
+        self.batch.member_cancelled(reason)
+
+
+def _no_children(job: ClaimedJob) -> Any:
+    raise RuntimeError(f"job {job.id} runs in a batch: open child tasks with the batch's ctx.children()")
 
 
 class AttemptRegistry:
@@ -142,7 +227,13 @@ class KindRunner(NamedTuple):
     def build(kind: JobKind[Any, Any], timeout: float | None, retry: RetryPolicy, middleware: list[Middleware]) -> KindRunner:
         fn = kind.fn
         call: Callable[[JobContext, dict[str, Any]], Awaitable[Any]]
-        if kind.asyncio:
+        if isinstance(kind, BatchKind):
+
+            def batched(ctx: Any, _args: dict[str, Any]) -> Awaitable[Any]:
+                return fn(ctx, ctx.jobs)  # a BatchContext: the handler takes the jobs
+
+            call = batched
+        elif kind.asyncio:
 
             async def bridged(ctx: JobContext, args: dict[str, Any]) -> Any:
                 from ..infra.aio import call_asyncio  # only a runtime with an asyncio kind loads it
@@ -220,6 +311,58 @@ def decide(
     if isinstance(error, Discard):
         return Outcome(job.id, job.attempt, OutcomeKind.DISCARD, None, JobError(job.attempt, now, clean_text(error.reason)))
     return _failure(job, runner, clean_text(describe_exception(error)), format_traceback(error), now, rng)
+
+
+NOT_HANDLED = "the batch handler returned this job as not handled"
+
+
+def decide_batch(
+    batch: Batch, runner: KindRunner, error: BaseException | None, returned: Any, now: float, rng: random.Random
+) -> list[tuple[BatchMember, Outcome]]:
+    """The outcome of each job of a batch that ran, by the same rules as `decide`: a job whose
+    own attempt was cancelled ("cancel", "lost", "shutdown") by its reason, whatever the
+    handler did with it; a batch cut by its deadline fails every other job ("timed out"), one
+    cut by a shutdown gives every attempt back; a handler that raised applies its error to
+    every job (a failure each, or its `Snooze` / `Discard`); a handler that returned fails the
+    jobs it returned (`NOT_HANDLED`) and completes the others. A return value that is not None
+    or an iterable of this batch's jobs is an error of the handler's (every job fails)."""
+    unhandled: set[int] = set()
+    if error is None and not batch.scope.cancel_called and returned is not None:
+        try:
+            unhandled = _unhandled(batch, returned)
+        except Exception as exc:
+            error = exc
+    outcomes = []
+    cut = batch.scope.cancel_called
+    for member in batch.members:
+        job = member.job
+        if error is None and not cut and member.reason is None and job.id not in unhandled:
+            outcomes.append((member, Outcome(job.id, job.attempt, OutcomeKind.COMPLETED)))  # the common case
+            continue
+        view: Attempt = member
+        if member.reason is None and cut:
+            view = batch  # the batch's deadline or shutdown decides for this job
+        if error is None and job.id in unhandled and not view.scope.cancel_called:
+            outcome = _failure(job, runner, NOT_HANDLED, None, now, rng)
+        else:
+            outcome = decide(job, runner, view, error, now, rng)
+        outcomes.append((member, outcome))
+    return outcomes
+
+
+def _unhandled(batch: Batch, returned: Any) -> set[int]:
+    """The ids of the jobs a batch handler returned as not handled; `TypeError` for a return
+    value that is not an iterable of this batch's `BatchJob`s."""
+    fix = "return the jobs it could not handle (some of `jobs`), or None when it handled all"
+    if isinstance(returned, (str, bytes, abc.Mapping, BatchJob)) or not isinstance(returned, abc.Iterable):
+        raise TypeError(f"the batch handler returned {clean_text(repr(returned), 200)}; {fix}")
+    ids: set[int] = set()
+    for item in returned:
+        member = getattr(item, "_member", None) if isinstance(item, BatchJob) else None
+        if not isinstance(member, BatchMember) or member.batch is not batch:
+            raise TypeError(f"the batch handler returned {clean_text(repr(item), 200)}, which is not a job of this batch; {fix}")
+        ids.add(item.id)
+    return ids
 
 
 def _failure(job: ClaimedJob, runner: KindRunner, message: str, tb: str | None, now: float, rng: random.Random) -> Outcome:

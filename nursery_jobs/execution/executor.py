@@ -44,6 +44,15 @@ hung queue starve the others. Instead each queue owns:
   completer (`_room`); a slow write can never let running rows pile up. Running rows in the
   backend stay below `max_workers + prefetch + outcome_slack`.
 
+- batches (`@app.batch_job`): a claimed job of a batch kind joins the batch of its kind that is
+  collecting (`_open`), or opens one for an idle worker, which collects until the batch holds
+  `max_size` jobs or `max_wait` has passed since its first, then runs the handler once under one
+  scope (`_run_batch`; each job's outcome from `attempt.decide_batch`). Each job of a batch is a
+  `BatchMember` in the attempt registry from its claim. A queue whose kinds are all batch kinds
+  claims `max_size` per idle worker; any queue claims for the room of the batches collecting,
+  less what it already holds (claims are by queue, so they may bring other kinds). A batch that
+  has not started when shutdown begins is given back whole (`_give_back_batch`).
+
 A worker runs each attempt through its kind's `KindRunner` (the handler chain) inside the
 attempt's cancel scope (`execution.attempt`), and hands the outcome to the completer, which
 writes outcomes in batches. The attempt's code stays inline in the worker's loop: this loop runs
@@ -70,8 +79,9 @@ from ..config import QueueConfig
 from ..errors import ArgsError
 from ..infra.owner import open_children, open_owner
 from ..infra.sync import Mailbox, Wakeup
-from ..jobs import Discard, JobContext, JobError, clean_text, decode_args
-from .attempt import Attempt, AttemptRegistry, KindRunner, decide, process_exit, report_failure
+from ..app import BatchKind
+from ..jobs import BatchContext, BatchJob, Discard, JobContext, JobError, clean_text, decode_args
+from .attempt import Attempt, AttemptRegistry, Batch, KindRunner, decide, decide_batch, process_exit, report_failure
 from .completer import Completer
 
 log = logging.getLogger("nursery_jobs")
@@ -104,6 +114,10 @@ busy for long waits at most this long, rather than as long as the job in front o
 
 def _children(job: ClaimedJob) -> Any:
     return open_children(f"job-{job.id}")
+
+
+def _batch_children(job: ClaimedJob) -> Any:
+    return open_children(f"batch-{job.id}")
 
 
 class QueueExecutor:
@@ -143,6 +157,19 @@ class QueueExecutor:
         """Outcomes of this queue pushed to the completer and not written yet: jobs that are
         still `running` in the backend. Past `outcome_slack` of them, claims stop (`_room`)."""
         self.outcome_slack = max(self.max_workers, OUTCOME_SLACK)
+        here = [r for r in runners.values() if r.job_kind.queue == self.name]
+        self._batch_kinds = {r.job_kind.name: r for r in here if isinstance(r.job_kind, BatchKind)}
+        """This queue's batch kinds (`@app.batch_job`): their jobs are collected into batches."""
+        sizes = [r.job_kind.max_size for r in self._batch_kinds.values() if isinstance(r.job_kind, BatchKind)]
+        self._per_idle = max(sizes) if sizes and len(sizes) == len(here) else 1
+        """Jobs a claim takes per idle worker: a batch's worth when every kind of the queue is a
+        batch kind, else one (a batch then fills by the claims its room makes)."""
+        if sizes:
+            self.outcome_slack = max(self.outcome_slack, self.max_workers * max(sizes))  # a batch's outcomes come at once
+        self._open: dict[str, Batch] = {}
+        """Batches collecting, by kind: a claimed job of the kind joins it until it is full."""
+        self._handed: dict[int, Batch] = {}
+        """Batches the fetcher opened, by first job id, handed to a worker that has not taken them yet."""
         self._max_running = cfg.global_max_workers
         ahead = cfg.claim_ahead and not backend.never_yields and self.max_workers > 1
         self.prefetch = min(self.max_workers * PREFETCH_PER_WORKER, PREFETCH_MAX) if ahead else 0
@@ -197,7 +224,13 @@ class QueueExecutor:
         lacks of `_ahead()` once it is down to half of that (`_low_water`), less what the
         completer owes past `outcome_slack` (a slow write must never let running rows pile
         up)."""
-        room = len(self._idle)
+        room = len(self._idle) * self._per_idle
+        if self._open:
+            # Claims are by queue: what a claim for a batch's room brings of other kinds waits
+            # in `_held`, and counts against that room, so plain jobs never pile up there.
+            batch_room = sum(batch.room for batch in self._open.values()) - len(self._held)
+            if batch_room > 0:
+                room += batch_room
         if self.prefetch:
             held = len(self._held)
             ahead = self._ahead()
@@ -265,6 +298,8 @@ class QueueExecutor:
         for box in idle:
             box.put(None)  # no job: the worker exits
         self._give_back_held()  # nothing starts once shutdown has begun
+        for batch in self._open.values():
+            batch.wakeup.set()  # its worker gives it back: a batch still collecting does not start
 
     def cancel_running(self, reason: str) -> None:
         self._cancel_reason = reason
@@ -363,6 +398,8 @@ class QueueExecutor:
                     # The runtime is being torn down, or shutdown began while the claim was in
                     # flight: give the job back, attempt and all.
                     self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
+                elif job.kind in self._batch_kinds and self._to_batch(job):
+                    pass  # joined the batch collecting, or opened one for an idle worker
                 elif idle:
                     idle.pop().put(job)
                 else:
@@ -432,7 +469,7 @@ class QueueExecutor:
                         # Torn down from outside: a job put in the box but not taken goes back.
                         leftover = box.take_nowait()
                         if leftover is not None:
-                            self._push(Outcome(leftover.id, leftover.attempt, OutcomeKind.INTERRUPTED))
+                            self._give_back_job(leftover)
                         raise
                     if job is None:
                         return
@@ -441,8 +478,12 @@ class QueueExecutor:
                         # Handed to this worker before shutdown began (a signal can land between
                         # the fetcher's hand-off and this task's wake-up), but not started yet:
                         # nothing starts once shutdown has begun, so the attempt is given back.
-                        self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
+                        self._give_back_job(job)
                         continue
+                if job.kind in self._batch_kinds:
+                    box.last = job
+                    await self._batch(job, attempt)
+                    continue
                 runner = runners.get(job.kind)
                 if runner is None:
                     if attempt is not None:
@@ -509,6 +550,171 @@ class QueueExecutor:
             self._workers_alive -= 1
             if self._workers_alive == 0:
                 self._all_exited.set()
+
+    # -- batches (@app.batch_job) --
+
+    def _to_batch(self, job: ClaimedJob) -> bool:
+        """Route a claimed job of a batch kind: into the batch collecting, or into a new batch
+        for an idle worker. False when neither is there (the job is held, and the worker that
+        takes it opens a batch with it)."""
+        batch = self._open.get(job.kind)
+        if batch is not None:
+            self._join(batch, job)
+            return True
+        if not self._idle:
+            return False
+        batch = self._new_batch(job)
+        self._handed[job.id] = batch
+        self._idle.pop().put(job)
+        return True
+
+    def _new_batch(self, job: ClaimedJob) -> Batch:
+        kind = self._batch_kinds[job.kind].job_kind
+        assert isinstance(kind, BatchKind)
+        batch = Batch(job, kind.max_size, trio.current_time() + kind.max_wait, _batch_children)
+        self._join(batch, job)
+        if batch.room:
+            self._open[job.kind] = batch
+            self._claim_now = True  # more of the kind may be due: claim for the room it has
+            self._fetcher_wakeup.set()
+        return batch
+
+    def _join(self, batch: Batch, job: ClaimedJob) -> None:
+        self._attempts.begin(batch.add(job))  # heartbeated, cancellable, from now on
+        if not batch.room and self._open.get(batch.kind) is batch:
+            del self._open[batch.kind]  # full: the next job of the kind opens another
+
+    def _give_back_job(self, job: ClaimedJob) -> None:
+        """A job handed to a worker that will not start it: given back, with the batch it opened."""
+        batch = self._handed.pop(job.id, None)
+        if batch is None:
+            self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
+        else:
+            self._give_back_batch(batch)
+
+    def _give_back_batch(self, batch: Batch) -> None:
+        """Every job of a batch that will not start goes back (interrupted: available at once,
+        the attempt not counted), or ends cancelled if a cancel reached it meanwhile."""
+        if self._open.get(batch.kind) is batch:
+            del self._open[batch.kind]
+        batch.started = True  # nothing joins it any more
+        for member in batch.members:
+            self._attempts.end(member)
+            job = member.job
+            kind = OutcomeKind.CANCELLED if member.reason == "cancel" else OutcomeKind.INTERRUPTED
+            self._push(Outcome(job.id, job.attempt, kind))
+
+    async def _batch(self, job: ClaimedJob, held: Attempt | None) -> None:
+        """Collect a batch from `job` on (at most `max_size` jobs, at most `max_wait` after its
+        first), then run it: one worker, one scope, one handler call, one outcome per job."""
+        batch = self._handed.pop(job.id, None)
+        if batch is None:
+            # Claimed ahead and held: it joins the batch collecting, or opens one with the
+            # other held jobs of its kind.
+            if held is not None:
+                self._attempts.end(held)
+            collecting = self._open.get(job.kind)
+            if collecting is not None:
+                self._join(collecting, job)
+                return  # another worker runs that batch
+            batch = self._new_batch(job)
+            self._take_held(batch)
+        try:
+            while batch.room and self._claiming and trio.current_time() < batch.until:
+                with trio.move_on_at(batch.until):
+                    await batch.wakeup.wait()
+        except trio.Cancelled:
+            self._give_back_batch(batch)  # torn down from outside: given back, and the cancellation goes on
+            raise
+        if not self._claiming:
+            self._give_back_batch(batch)  # shutdown began while it collected: nothing starts now
+            return
+        if self._open.get(batch.kind) is batch:
+            del self._open[batch.kind]
+        await self._run_batch(batch)
+
+    def _take_held(self, batch: Batch) -> None:
+        """Held jobs of the batch's kind join it, up to its room (claim order kept for the rest)."""
+        held, until = self._held, self._held_until
+        if not held:
+            return
+        keep = [(a, u) for a, u in zip(held, until)]
+        held.clear()
+        until.clear()
+        for attempt, at in keep:
+            if attempt.job.kind == batch.kind and batch.room and not attempt.scope.cancel_called:
+                self._attempts.end(attempt)
+                self._join(batch, attempt.job)
+            else:
+                held.append(attempt)
+                until.append(at)
+
+    async def _run_batch(self, batch: Batch) -> None:
+        runner = self._batch_kinds[batch.kind]
+        attempts = self._attempts
+        batch.started = True
+        jobs: list[BatchJob[Any]] = []
+        running = []
+        for member in batch.members:
+            job = member.job
+            if member.reason is not None:
+                # Cancelled or lost while it was collected: it does not start.
+                attempts.end(member)
+                kind = OutcomeKind.CANCELLED if member.reason == "cancel" else OutcomeKind.INTERRUPTED
+                self._push(Outcome(job.id, job.attempt, kind))
+                continue
+            try:
+                args = decode_args(job.args_json)
+            except ValueError as exc:
+                attempts.end(member)
+                self._discard(job, clean_text(f"job args could not be decoded: {exc}"))
+                continue
+            running.append(member)
+            jobs.append(BatchJob(member, args))
+        batch.members = running
+        if not running:
+            return
+        clock = trio.lowlevel.current_clock().current_time
+        timeout = runner.timeout
+        started = clock()
+        deadline = started + timeout if timeout is not None else math.inf
+        scope = batch.scope
+        scope.deadline = deadline
+        ctx = BatchContext(jobs, deadline, batch)
+        token = current_job_id.set(batch.job.id)
+        error: BaseException | None = None
+        returned: Any = None
+        try:
+            with scope:
+                try:
+                    returned = await runner.call(ctx, ctx.args)  # type: ignore[arg-type]  # the batch's context
+                except Exception as exc:
+                    error = exc
+                except BaseException as exc:
+                    if process_exit(exc) is None:
+                        raise
+                    error = exc
+        except trio.Cancelled:
+            for member in running:  # not our scope: torn down from outside, every attempt given back
+                self._push(Outcome(member.job.id, member.job.attempt, OutcomeKind.INTERRUPTED))
+            raise
+        finally:
+            current_job_id.reset(token)
+            for member in running:
+                attempts.end(member)
+        duration = clock() - started
+        if self.prefetch:
+            self._ended += 1
+            self._busy += duration
+        now = self._backend.now()
+        for member, outcome in decide_batch(batch, runner, error, returned, now, self._rng):
+            self._push(outcome)
+            if outcome.error is not None:
+                report_failure(member.job, outcome, duration, now, "handler" if isinstance(error, Discard) else None)
+        if error is not None and not isinstance(error, Exception):
+            exit_exc = process_exit(error)
+            assert exit_exc is not None
+            self._on_exit(exit_exc, batch.job)
 
     def _discard(self, job: ClaimedJob, message: str) -> None:
         outcome = Outcome(job.id, job.attempt, OutcomeKind.DISCARD, None, JobError(job.attempt, self._backend.now(), message))

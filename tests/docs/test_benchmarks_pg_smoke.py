@@ -165,3 +165,20 @@ def test_outbox_relay_smoke_mode_runs() -> None:
         assert label in out, out
     for backend in ("postgres", "sqlite", "memory"):
         assert f"\n{backend} " in out, out
+
+
+@pytest.mark.usefixtures("postgres_reachable")
+def test_batches_quick_mode_runs() -> None:
+    result = subprocess.run(
+        [sys.executable, str(BENCH / "batches.py"), "--quick"],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    for backend in ("postgres", "sqlite", "memory"):
+        assert f"\n{backend} " in result.stdout, result.stdout
+    assert "batch 100 jobs/s (x single)" in result.stdout
+    assert not [name for name in leftover_bench_databases() if "_batches_" in name]

@@ -189,10 +189,10 @@ def test_memory_benchmark_is_importable_without_side_effects() -> None:
 # -- the user docs: every block a user would copy is code that runs --------------------------------
 
 DOCS = ROOT / "docs"
-DOC_PAGES = ["index.md", "quickstart.md", "concepts.md", "shutdown.md", "testing.md", "resources.md", "concurrency.md"]
+DOC_PAGES = ["index.md", "quickstart.md", "concepts.md", "shutdown.md", "testing.md", "resources.md", "concurrency.md", "batches.md"]
 TESTING_EXAMPLE = ROOT / "tests" / "docs" / "test_docs_testing_example.py"
 KIT_EXAMPLE = ROOT / "examples" / "test_service.py"
-EXCERPT_SOURCES = [QUICKSTART, TESTING_EXAMPLE, KIT_EXAMPLE]
+EXCERPT_SOURCES = [QUICKSTART, TESTING_EXAMPLE, KIT_EXAMPLE, ROOT / "examples" / "bulk_index.py"]
 
 
 def python_blocks() -> list[tuple[str, int, str]]:

@@ -133,10 +133,12 @@ def _listening(store: Store, app_name: str) -> int:
 def test_three_workers_never_run_two_jobs_of_a_key_at_once_and_a_busy_key_delays_no_other(spawner, pg_store):
     """Per-key concurrency across processes: the busy key's 20 jobs (0.15 s each) were enqueued
     first, so every claim meets them first; 300 jobs of 30 other keys must all end while the
-    busy key still works through its backlog, one job at a time."""
-    workers = _start_workers(spawner, pg_store, 3, "--max-workers", "8")
+    busy key still works through its backlog, one job at a time. Both sets are enqueued before
+    the workers start: a worker exits after 1 s with nothing queued, and on a loaded machine the
+    second enqueuer's start-up alone outlasted the busy key's 3 s backlog plus that second."""
     busy = spawner.enqueue(pg_store.url, 20, sleep=0.15, keys=1, key_prefix="busy")
     others = spawner.enqueue(pg_store.url, 300, first=1000, sleep=0.005, keys=30)
+    workers = _start_workers(spawner, pg_store, 3, "--max-workers", "8")
     codes = wait_all_exit(workers, timeout=90)
     for proc in workers:
         assert_clean_exit(proc, codes[proc.name])

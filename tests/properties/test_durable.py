@@ -42,6 +42,7 @@ from . import (
     test_p14_cancel_atomic,
     test_p15_replay,
     test_p16_key_limits,
+    test_p17_batches,
 )
 from tests import registry
 
@@ -68,6 +69,7 @@ PROPERTIES: list[tuple[str, Check, int]] = [
     ("P14", test_p14_cancel_atomic.check, 10),
     ("P15", test_p15_replay.check, 5),
     ("P16", test_p16_key_limits.check, 10),
+    ("P17", test_p17_batches.check, 8),
 ]
 
 
