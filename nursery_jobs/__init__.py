@@ -26,7 +26,7 @@ from typing import Any as _Any
 from .app import App, BatchKind, JobKind
 from .backends import Backend, open_backend
 from .backends.memory import MemoryBackend
-from .config import QueueConfig, RetryPolicy, RuntimeSettings
+from .config import QueueConfig, Rate, RetryPolicy, RuntimeSettings
 from .errors import (
     ArgsError,
     BackendError,
@@ -75,6 +75,7 @@ __all__ = [
     "PeriodicInfo",
     "QueueConfig",
     "QueueStats",
+    "Rate",
     "Receipt",
     "Resource",
     "ResourceError",

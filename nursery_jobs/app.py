@@ -21,6 +21,7 @@ from .backends.protocol import NewJob
 from .config import (
     DEFAULT_QUEUE,
     QueueConfig,
+    Rate,
     RetryPolicy,
     check_limit,
     check_name,
@@ -105,6 +106,8 @@ class EnqueueOptions:
 
 
 _NO_OPTIONS = EnqueueOptions()
+_NO_LIMITS = (None,) * (len(NewJob._fields) - 6)
+"""A `NewJob`'s fields after `max_attempts` for a job with no unique key and no limits."""
 
 
 def _short(args: Mapping[str, Any]) -> str:
@@ -137,6 +140,8 @@ class JobKind(Generic[P, R]):
     unique: Callable[[Mapping[str, Any]], str | None] | None = None
     concurrency_key: Callable[[Mapping[str, Any]], str | None] | None = None
     max_concurrent: int | None = None
+    rate_key: Callable[[Mapping[str, Any]], str | None] | None = None
+    rate: Rate | None = None
     signature: inspect.Signature = attrs.field(init=False, default=attrs.Factory(_signature, takes_self=True))
     _var_keyword: bool = attrs.field(init=False, default=False)
     _keywords: frozenset[str] = attrs.field(init=False, default=frozenset())
@@ -184,19 +189,26 @@ class JobKind(Generic[P, R]):
         scoped to the kind: kinds that return one key share its limit); None when the kind has
         no function or it returned None. `ArgsError`, naming the kind, when the function raises
         or returns something that is not a storable key: it depends on the args."""
-        fn = self.concurrency_key
+        return self._limit_key("concurrency", self.concurrency_key, args)
+
+    def rate_key_for(self, args: Mapping[str, Any]) -> str | None:
+        """The rate key the kind's `rate_key` function gives these args, with the same rules as
+        `concurrency_key_for` (not scoped to the kind; None: no rate limit for this job)."""
+        return self._limit_key("rate", self.rate_key, args)
+
+    def _limit_key(self, what: str, fn: Callable[[Mapping[str, Any]], str | None] | None, args: Mapping[str, Any]) -> str | None:
         if fn is None:
             return None
         try:
             key = fn(args)
         except Exception as exc:
             raise ArgsError(
-                f"the concurrency_key function of job {self.name!r} raised {type(exc).__name__}: {exc} "
+                f"the {what}_key function of job {self.name!r} raised {type(exc).__name__}: {exc} "
                 f"(for args {dict(args)!r})"
             ) from exc
         if key is None:
             return None
-        return check_unique_key(key, f"the concurrency key of job {self.name!r}", ArgsError)
+        return check_unique_key(key, f"the {what} key of job {self.name!r}", ArgsError)
 
     def check_args(self, args: Mapping[str, Any]) -> None:
         """`ArgsError` unless `args` bind to the handler's keyword parameters."""
@@ -235,9 +247,12 @@ class JobKind(Generic[P, R]):
         priority = self.priority if opts.priority is None else opts.priority
         args_json = self._args_json(args)
         ckey = self.concurrency_key_for(args) if self.concurrency_key is not None else None
+        rkey = self.rate_key_for(args) if self.rate_key is not None else None
+        rate = None if rkey is None else self.rate
         return NewJob(
             self.name, self.queue, args_json, priority, opts.when(now, wall_offset), self.max_attempts, key,
             ckey, None if ckey is None else self.max_concurrent,
+            rkey, None if rate is None else rate.limit, None if rate is None else rate.per,
         )  # fmt: skip
 
     def new_jobs(
@@ -251,13 +266,14 @@ class JobKind(Generic[P, R]):
         priority = self.priority if opts.priority is None else opts.priority
         when = opts.when(now, wall_offset)
         new = tuple.__new__  # a NamedTuple without its Python-level __new__: once per job
-        if self.concurrency_key is not None:
+        if self.concurrency_key is not None or self.rate_key is not None:
             return [self.new_job(args, opts, now, wall_offset) for args in many]  # each its own key
         if self.unique is None:
-            return [new(NewJob, (name, queue, to_json(args), priority, when, attempts, None, None, None)) for args in many]
+            return [new(NewJob, (name, queue, to_json(args), priority, when, attempts) + _NO_LIMITS) for args in many]
         key_for = self.unique_key_for  # a key twice in one batch gives the first job's id twice
         return [
-            new(NewJob, (name, queue, to_json(args), priority, when, attempts, key_for(args), None, None)) for args in many
+            new(NewJob, (name, queue, to_json(args), priority, when, attempts, key_for(args)) + _NO_LIMITS[1:])
+            for args in many
         ]
 
     def options(
@@ -566,6 +582,8 @@ class App:
         unique: Callable[[Mapping[str, Any]], str | None] | None = None,
         concurrency_key: Callable[[Mapping[str, Any]], str | None] | None = None,
         max_concurrent: int | None = None,
+        rate: Rate | None = None,
+        rate_key: Callable[[Mapping[str, Any]], str | None] | None = None,
     ) -> Callable[[Callable[P, Awaitable[R]]], JobKind[P, R]]:
         """Register an async handler ``async def fn(ctx, **args)`` as a job kind.
 
@@ -583,6 +601,12 @@ class App:
         starting only while fewer than its own `max_concurrent` of the key run). A job whose
         key is at its limit is not claimed and holds back no other job (docs/concurrency.md).
         A key function that raises, or returns what is not a key, is an `ArgsError` at enqueue.
+
+        `rate=nj.Rate(n, per=seconds)` with `rate_key`, a function of the args returning a key
+        (or None: no rate limit for that job), computed once at enqueue and stored with the
+        job: at most n starts per key in any window of `per` seconds, across every process;
+        every attempt's start counts. A job over the rate is not claimed until its key's next
+        slot, and holds back no other job (docs/rate_limits.md). A kind may have both limits.
 
         Raises `ConfigError` for an unknown queue, a duplicate name, a non-async handler or a
         bad value.
@@ -608,6 +632,14 @@ class App:
             check_limit("max_concurrent", max_concurrent)
         elif concurrency_key is not None:
             max_concurrent = 1
+        if rate_key is not None and not callable(rate_key):
+            raise ConfigError(f"rate_key must be a function of the job's args returning a str or None, not {rate_key!r}")
+        if rate is not None and not isinstance(rate, Rate):
+            raise ConfigError(f"rate must be an nj.Rate(limit, per=seconds), not {rate!r}")
+        if rate is not None and rate_key is None:
+            raise ConfigError("rate needs a rate_key: the limit is per key (a function of the args returning one)")
+        if rate_key is not None and rate is None:
+            raise ConfigError("rate_key needs a rate: pass rate=nj.Rate(limit, per=seconds)")
 
         def register(fn: Callable[P, Awaitable[R]]) -> JobKind[P, R]:
             if not inspect.iscoroutinefunction(fn):
@@ -632,6 +664,8 @@ class App:
                 unique=unique,
                 concurrency_key=concurrency_key,
                 max_concurrent=max_concurrent,
+                rate_key=rate_key,
+                rate=rate,
             )
             self._kinds[kind_name] = kind
             return kind

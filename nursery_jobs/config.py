@@ -32,7 +32,7 @@ import attrs
 
 from .errors import ConfigError
 
-__all__ = ["QueueConfig", "RetryPolicy", "RuntimeSettings"]
+__all__ = ["QueueConfig", "Rate", "RetryPolicy", "RuntimeSettings"]
 
 DEFAULT_QUEUE = "default"
 MAX_DELAY = 1e9
@@ -99,6 +99,33 @@ def check_limit(what: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONCURRENT:
         raise ConfigError(f"{what} must be an int from 1 to {MAX_CONCURRENT}, not {value!r}")
     return value
+
+
+def _rate_limit(_inst: Any, _attr: attrs.Attribute[Any], value: Any) -> None:
+    check_limit("Rate's limit (starts per window)", value)
+
+
+def _as_seconds(value: Any) -> Any:
+    """An int number of seconds as a float (what every backend stores); anything else as it is,
+    for the validator to judge."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value) if abs(value) < 2**1000 else math.inf
+    return value
+
+
+def _rate_per(_inst: Any, _attr: attrs.Attribute[Any], value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"Rate's per (the window, in seconds) must be a finite number > 0, not {value!r}")
+
+
+@attrs.frozen
+class Rate:
+    """A rate limit: at most `limit` starts per key in any window of `per` seconds, across every
+    process (`@app.job(rate=nj.Rate(100, per=60), rate_key=...)`, docs/rate_limits.md). Every
+    attempt's start counts: a retry is one more request to whatever the key names."""
+
+    limit: int = attrs.field(validator=_rate_limit)
+    per: float = attrs.field(converter=_as_seconds, validator=_rate_per)
 
 
 def check_timeout(what: str, value: Any, *, allow_none: bool) -> float | None:

@@ -13,6 +13,13 @@ best parked entry of each (key, limit) goes back to the due heap, where the next
 it against the key's other due jobs in claim order. One freed slot lets one more job of the key
 start, so one entry per freed slot is all that ever needs to come back.
 
+Rate limits (`transitions.admit_rated`): each rate key keeps the times of its latest starts
+(`_RateLog`, at most the largest limit its jobs carry). A due job over its key's rate is parked
+under the key in its queue, and the queue remembers when the key's next slot comes
+(`rate_wake`); a claim at or after that time brings back as many of the key's parked jobs as
+slots are open, best first, and the claim reports the earliest such time as its `next_due`, so
+the fetcher sleeps exactly until a slot frees.
+
 Its clock is `trio.current_time()`, so `MockClock` drives delays, retries and snoozes in tests.
 Arguments are kept as the JSON text the runtime encoded, and decoded again for every attempt,
 exactly as a durable backend would do.
@@ -37,7 +44,9 @@ import trio
 from ..errors import ConfigError, JobNotFound
 from ..jobs import MAX_ERRORS_KEPT, Job, JobError, JobState, decode_args
 from .rows import rescue_message
-from .transitions import CancelAction, admit, after_outcome, after_rescue, on_cancel
+from .transitions import (
+    CancelAction, admit, admit_rated, after_outcome, after_rescue, on_cancel, rate_idle, rate_log, rate_slot,
+)  # fmt: skip
 from .protocol import (
     BackendEvent,
     CancelRequested,
@@ -69,6 +78,7 @@ class _Row:
         "id", "kind", "queue", "args_json", "state", "attempt", "max_attempts", "priority",
         "run_at", "created_at", "attempted_at", "finalized_at", "errors", "unique_key",
         "cancel_requested", "version", "heartbeat_at", "failed", "interrupted", "ckey", "climit",
+        "rkey", "rlimit", "rper",
     )  # fmt: skip
 
     def __init__(self, id: int, new: NewJob, now: float) -> None:
@@ -93,14 +103,35 @@ class _Row:
         self.interrupted = 0
         self.ckey = new.concurrency_key
         self.climit = new.max_concurrent or 1
+        self.rkey = new.rate_key
+        self.rlimit = new.rate_limit or 1
+        self.rper = new.rate_per or 0.0
+
+
+class _RateLog:
+    """A rate key's latest starts, ascending (at most `cap`), and the largest limit and window
+    its jobs carried."""
+
+    __slots__ = ("cap", "per", "starts")
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.cap = 1
+        self.per = 0.0
 
 
 class _QueueState:
-    __slots__ = ("due", "waiting", "counts", "failed", "interrupted")
+    __slots__ = ("due", "waiting", "counts", "failed", "interrupted", "rate_parked", "rate_wake", "rate_armed")
 
     def __init__(self) -> None:
         self.due: list[tuple[int, float, int, int]] = []  # (-priority, run_at, id, version)
         self.waiting: list[tuple[float, int, int]] = []  # (run_at, id, version)
+        self.rate_parked: dict[str, list[tuple[int, float, int, int]]] = {}
+        """rate key -> due-heap entries held back because the key was over its rate."""
+        self.rate_wake: list[tuple[float, str]] = []
+        """(next slot, rate key) of the keys with parked entries, earliest first."""
+        self.rate_armed: dict[str, float] = {}
+        """rate key -> the slot its `rate_wake` entry waits for (one entry per key)."""
         self.counts = dict.fromkeys(_COUNTED, 0)
         self.failed = 0
         self.interrupted = 0
@@ -149,6 +180,8 @@ class MemoryBackend:
         """Running jobs per concurrency key (keys with none are absent)."""
         self._parked: dict[str, dict[int, list[tuple[int, float, int, int]]]] = {}
         """key -> limit -> due-heap entries held back because the key was at that limit."""
+        self._rates: dict[str, _RateLog] = {}
+        """Rate key -> its latest starts (keys idle longer than their window are dropped)."""
         self._next_id = 1
         self._outbox: dict[int, tuple[str, str]] = {}
         """Outbox events not relayed yet, by id (in publish order)."""
@@ -430,6 +463,8 @@ class MemoryBackend:
             if row.version == version:
                 self._move(row, q, _A)
                 heapq.heappush(due, (-row.priority, row.run_at, row.id, row.version))
+        if q.rate_wake and q.rate_wake[0][0] <= now:
+            self._rate_unpark(q, now)
         claimed: list[ClaimedJob] = []
         counts, running = q.counts, self._running
         if max_running is not None:
@@ -440,8 +475,11 @@ class MemoryBackend:
             row = rows[job_id]
             if row.version != version:
                 continue
-            key = row.ckey
-            if key is not None and not admit(((key, row.climit),), self._key_running, want=1):
+            key, rkey = row.ckey, row.rkey
+            if rkey is not None:
+                if not self._rate_admits(q, row, entry, now):
+                    continue
+            elif key is not None and not admit(((key, row.climit),), self._key_running, want=1):
                 # At its key's limit: parked until a job of the key leaves `running`.
                 heapq.heappush(self._parked.setdefault(key, {}).setdefault(row.climit, []), entry)
                 continue
@@ -464,7 +502,86 @@ class MemoryBackend:
                 next_due = run_at
                 break
             heapq.heappop(waiting)
+        wake = q.rate_wake
+        while wake and q.rate_armed.get(wake[0][1]) != wake[0][0]:
+            heapq.heappop(wake)  # superseded by the key's later wake
+        if wake:
+            slot = wake[0][0]
+            if next_due is None or slot < next_due:
+                next_due = slot  # a rate key's next slot: its parked jobs may start then
         return ClaimResult(claimed, next_due)
+
+    def _rate_admits(self, q: _QueueState, row: _Row, entry: tuple[int, float, int, int], now: float) -> bool:
+        """Whether the due job of `entry` (with a rate key) may start now under both its limits;
+        if it may, its start is recorded. One refused for its rate is parked under the key until
+        the slot `admit_rated` reports; one refused for its concurrency key, under that key."""
+        rkey = row.rkey
+        assert rkey is not None
+        log = self._rates.get(rkey)
+        verdict = admit_rated(
+            ((row.ckey, row.climit, rkey, row.rlimit, row.rper),),
+            self._key_running,
+            {rkey: log.starts} if log is not None else {},
+            want=1,
+            now=now,
+        )
+        if not verdict.started:
+            slot = verdict.rate_next
+            if slot is None:  # its concurrency key is full
+                assert row.ckey is not None
+                heapq.heappush(self._parked.setdefault(row.ckey, {}).setdefault(row.climit, []), entry)
+                if rkey in q.rate_parked:
+                    self._rate_release(q, rkey, now)  # the rate's slot it may have come back for
+            else:
+                heapq.heappush(q.rate_parked.setdefault(rkey, []), entry)
+                armed = q.rate_armed.get(rkey)
+                if armed is None or slot < armed:
+                    q.rate_armed[rkey] = slot
+                    heapq.heappush(q.rate_wake, (slot, rkey))
+                if row.ckey is not None and row.ckey in self._parked:
+                    self._unpark(row.ckey)  # the key's slot it may have come back for is still free
+            return False
+        if log is None:
+            log = self._rates[rkey] = _RateLog()
+        log.cap = max(log.cap, row.rlimit)
+        log.per = max(log.per, row.rper)
+        log.starts = rate_log(log.starts, 1, now, log.cap, log.per)
+        return True
+
+    def _rate_unpark(self, q: _QueueState, now: float) -> None:
+        """The keys whose next slot has come: their best parked jobs go back to the due heap,
+        one per open slot (each judged by its own rate), so the claim weighs them in order."""
+        while q.rate_wake and q.rate_wake[0][0] <= now:
+            slot, rkey = heapq.heappop(q.rate_wake)
+            if q.rate_armed.get(rkey) != slot:
+                continue  # superseded by an earlier entry for the key
+            del q.rate_armed[rkey]
+            self._rate_release(q, rkey, now)
+
+    def _rate_release(self, q: _QueueState, rkey: str, now: float) -> None:
+        """The best parked jobs of `rkey` in `q` back to the due heap, one per slot open now;
+        the key's wake re-armed for the next slot if jobs stay parked."""
+        heap = q.rate_parked.get(rkey)
+        log = self._rates.get(rkey)
+        rows = self._rows
+        back = 0
+        while heap:
+            entry = heap[0]
+            row = rows.get(entry[2])
+            if row is None or row.version != entry[3]:
+                heapq.heappop(heap)  # claimed, cancelled or deleted since
+                continue
+            wait = rate_slot(log.starts if log else (), row.rlimit, row.rper, now, back)
+            if wait is not None:  # the open slots are taken: wait for the next one
+                armed = q.rate_armed.get(rkey)
+                if armed is None or wait < armed:
+                    q.rate_armed[rkey] = wait
+                    heapq.heappush(q.rate_wake, (wait, rkey))
+                break
+            heapq.heappush(q.due, heapq.heappop(heap))
+            back += 1
+        if not heap:
+            q.rate_parked.pop(rkey, None)
 
     async def finish_many(self, outcomes: Sequence[Outcome]) -> None:
         now = self.now()
@@ -579,7 +696,16 @@ class MemoryBackend:
                     break
         for job_id in doomed:
             self._drop(job_id)
+        self._drop_idle_rates(limit)
         return len(doomed)
+
+    def _drop_idle_rates(self, limit: int) -> None:
+        """Forget the rate keys whose latest start is older than their window: they limit
+        nothing now (retention calls this; a key's record is at most its `cap` starts)."""
+        now = self.now()
+        idle = [k for k, log in self._rates.items() if not log.starts or rate_idle(log.starts[-1], log.per, now)]
+        for key in idle[:limit]:
+            del self._rates[key]
 
     def _drop(self, job_id: int) -> None:
         row = self._rows.pop(job_id, None)

@@ -676,7 +676,7 @@ class PostgresBackend:
             job = jobs[0]
             one = (job.kind, job.queue, job.args_json, "available" if run_ats[0] <= now else "scheduled",
                    job.max_attempts, job.priority, run_ats[0], now, job.concurrency_key, job.max_concurrent,
-                   self._jobs_channel, job.queue)  # fmt: skip
+                   job.rate_key, job.rate_limit, job.rate_per, self._jobs_channel, job.queue)  # fmt: skip
             row = await s.one(self._q["insert_single"], one)
             assert row is not None
             return [InsertResult(row[0], False)]
@@ -693,6 +693,9 @@ class PostgresBackend:
             run_ats,
             [j.concurrency_key for j in jobs],
             [j.max_concurrent for j in jobs],
+            [j.rate_key for j in jobs],
+            [j.rate_limit for j in jobs],
+            [j.rate_per for j in jobs],
             self._jobs_channel,
         )
         rows = await s.all(self._q["insert_many"], params)
@@ -718,7 +721,7 @@ class PostgresBackend:
                 self._q["insert_one"],
                 (job.kind, job.queue, job.args_json, "available" if run_at <= now else "scheduled", job.max_attempts,
                  job.priority, run_at, now, job.unique_key, job.concurrency_key, job.max_concurrent,
-                 self._jobs_channel, job.queue),
+                 job.rate_key, job.rate_limit, job.rate_per, self._jobs_channel, job.queue),
             )  # fmt: skip
             if row is not None:
                 return InsertResult(row[0], False)
@@ -746,7 +749,7 @@ class PostgresBackend:
         q, q_held = self._q["claim_limited" if max_running is not None else "claim"], self._q["claim_held"]
 
         async def body(conn: TrioConnection) -> ClaimResult:
-            next_due = None
+            next_due = rate_next = None
             jobs: list[tuple[Any, ...]] = []
             # The claim statement picks at most `want` jobs, and the limits may refuse some of
             # them (several of one key), or a concurrent claim may have taken them (`lost`):
@@ -769,12 +772,17 @@ class PostgresBackend:
                     conn, q_held, {"ids": held, "queue": queue, "want": want, "max_running": max_running, "now": now}
                 )
                 taken = [r for r in got if r[0] is not None]
+                for r in got:
+                    if r[0] is None and r[7] is not None and (rate_next is None or r[7] < rate_next):
+                        rate_next = r[7]  # a rate key's next slot, seen under its lock (migration 0010)
                 jobs += taken
                 if len(jobs) >= limit or len(taken) == len(held):
                     break  # room filled, or every job held was claimed: nothing was passed over
                 if max_running is not None and not (got and got[0][8]):
                     break  # the queue is full: nothing more may start
             jobs.sort(key=lambda r: (-r[6], r[7], r[0]))
+            if rate_next is not None and (next_due is None or rate_next < next_due):
+                next_due = rate_next
             return ClaimResult([ClaimedJob(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in jobs], next_due)
 
         # Not durable: a claim lost in a server crash leaves its jobs claimable (or rescued),
@@ -893,7 +901,8 @@ class PostgresBackend:
         q = self._q["delete_finished"]
         states = [JobState(s).value for s in before]
         cutoffs = list(before.values())
-        row = await self._run(lambda c: _one(c, q, {"states": states, "befores": cutoffs, "limit": limit}))
+        params = {"states": states, "befores": cutoffs, "limit": limit, "now": self.now()}
+        row = await self._run(lambda c: _one(c, q, params))
         return int(row[0]) if row else 0
 
     async def get_job(self, job_id: int) -> Job:
@@ -1338,15 +1347,19 @@ def _copy_text(ids: Sequence[int], jobs: Sequence[NewJob], run_ats: Sequence[flo
     tails: dict[tuple[Any, ...], str] = {}
     lines = []
     for job_id, job, run_at in zip(ids, jobs, run_ats):
-        key = (run_at, job.kind, job.queue, job.max_attempts, job.priority, job.concurrency_key, job.max_concurrent)
+        key = (run_at, job.kind, job.queue, job.max_attempts, job.priority, job.concurrency_key, job.max_concurrent,
+               job.rate_key, job.rate_limit, job.rate_per)  # fmt: skip
         tail = tails.get(key)
         if tail is None:
             state = "available" if run_at <= now else "scheduled"
             ckey = "\\N" if job.concurrency_key is None else job.concurrency_key.translate(_COPY_ESCAPES)
             most = "\\N" if job.max_concurrent is None else str(int(job.max_concurrent))
+            rkey = "\\N" if job.rate_key is None else job.rate_key.translate(_COPY_ESCAPES)
+            rlimit = "\\N" if job.rate_limit is None else str(int(job.rate_limit))
+            rper = "\\N" if job.rate_per is None else repr(float(job.rate_per))
             tail = tails[key] = "\t".join(
                 (repr(float(run_at)), job.kind.translate(_COPY_ESCAPES), job.queue.translate(_COPY_ESCAPES), state,
-                 str(int(job.max_attempts)), str(int(job.priority)), now_text, ckey, most)
+                 str(int(job.max_attempts)), str(int(job.priority)), now_text, ckey, most, rkey, rlimit, rper)
             ) + "\n"  # fmt: skip
         lines.append(f"{job_id}\t{job.args_json.translate(_COPY_ESCAPES)}\t{tail}")
     return "".join(lines)
@@ -1448,6 +1461,24 @@ _KEY_FREE = (
 """A keyed job's key is below the job's limit, as the statement's snapshot sees it: the claim's
 scan passes over the others (a hint, read without the key's lock: `claim_held` decides)."""
 
+_RATE_FREE = (
+    "NOT EXISTS (SELECT 1 FROM {{s}}.rate_keys k WHERE k.key = {t}.rate_key"
+    " AND {{s}}.rate_slot(k.starts, coalesce({t}.rate_limit, 1), {t}.rate_per, %(now)s, 0) IS NOT NULL)"
+)
+"""A rate-keyed job's key has a slot open now, as the statement's snapshot sees it (migration
+0010): the claim's scan passes over the others (a hint, read without the key's lock:
+`claim_held` decides)."""
+
+_RATE_NEXT = (
+    "(SELECT min({s}.rate_slot(k.starts, coalesce(b.rate_limit, 1), b.rate_per, %(now)s, 0))"
+    " FROM (SELECT DISTINCT rate_key, rate_limit, rate_per FROM {s}.jobs WHERE queue = %(queue)s"
+    "  AND rate_key IS NOT NULL AND state IN ('available', 'scheduled', 'retryable') AND run_at <= %(now)s) b"
+    " JOIN {s}.rate_keys k ON k.key = b.rate_key)"
+)
+"""The earliest next slot of a rate key with due jobs of the queue over their rate (through
+`jobs_pending_rate`): when they may start. Read only by a claim that found fewer jobs than it
+was asked for; a full claim is followed by another at once."""
+
 _KEEP_ERRORS = f"'$[last-{MAX_ERRORS_KEPT - 1} to last]'"
 """The jsonpath that keeps the last `MAX_ERRORS_KEPT` entries of a job's error list."""
 
@@ -1459,19 +1490,26 @@ def _claim_sql(*, limited: bool) -> str:
     direct = (
         " direct AS (SELECT id FROM pick WHERE false),"
         if limited
-        else " direct AS (SELECT id FROM pick WHERE concurrency_key IS NULL),"
+        else " direct AS (SELECT id FROM pick WHERE concurrency_key IS NULL AND rate_key IS NULL),"
     )
-    held = "  ARRAY(SELECT id FROM pick)" if limited else "  ARRAY(SELECT id FROM pick WHERE concurrency_key IS NOT NULL)"
+    held = (
+        "  ARRAY(SELECT id FROM pick)"
+        if limited
+        else "  ARRAY(SELECT id FROM pick WHERE concurrency_key IS NOT NULL OR rate_key IS NOT NULL)"
+    )
     return (
-        "WITH due AS (SELECT id, priority, run_at, concurrency_key, max_concurrent FROM {s}.jobs WHERE queue = %(queue)s"
+        "WITH due AS (SELECT id, priority, run_at, concurrency_key, max_concurrent, rate_key, rate_limit, rate_per"
+        "  FROM {s}.jobs WHERE queue = %(queue)s"
         "  AND state IN ('scheduled', 'retryable') AND run_at <= %(now)s"
         "  ORDER BY run_at, id LIMIT " + str(_PROMOTE_AT_ONCE) + " FOR UPDATE SKIP LOCKED),"
-        " avail AS (SELECT id, priority, run_at, concurrency_key FROM {s}.jobs a WHERE queue = %(queue)s"
+        " avail AS (SELECT id, priority, run_at, concurrency_key, rate_key FROM {s}.jobs a WHERE queue = %(queue)s"
         "  AND state = 'available' AND run_at <= %(now)s AND (a.concurrency_key IS NULL OR " + _KEY_FREE.format(t="a") + ")"
+        "  AND (a.rate_key IS NULL OR " + _RATE_FREE.format(t="a") + ")"
         "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
-        " pick AS (SELECT id, concurrency_key FROM (SELECT * FROM avail UNION ALL"
-        "  SELECT id, priority, run_at, concurrency_key FROM due d"
-        "   WHERE d.concurrency_key IS NULL OR " + _KEY_FREE.format(t="d") + ") c"
+        " pick AS (SELECT id, concurrency_key, rate_key FROM (SELECT * FROM avail UNION ALL"
+        "  SELECT id, priority, run_at, concurrency_key, rate_key FROM due d"
+        "   WHERE (d.concurrency_key IS NULL OR " + _KEY_FREE.format(t="d") + ")"
+        "   AND (d.rate_key IS NULL OR " + _RATE_FREE.format(t="d") + ")) c"
         "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s),"
         + direct
         + " promoted AS (UPDATE {s}.jobs SET state = 'available'"
@@ -1484,8 +1522,9 @@ def _claim_sql(*, limited: bool) -> str:
         " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, NULL::bigint[] FROM claimed"
         " UNION ALL"
         " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
-        "  (SELECT min(run_at) FROM {s}.jobs WHERE queue = %(queue)s"
+        "  least((SELECT min(run_at) FROM {s}.jobs WHERE queue = %(queue)s"
         "   AND state IN ('scheduled', 'retryable') AND run_at > %(now)s),"
+        "   CASE WHEN (SELECT count(*) FROM pick) < %(limit)s THEN " + _RATE_NEXT + " END),"
         + held
     )
 
@@ -1494,11 +1533,11 @@ _QUERIES: dict[str, sql.SQL] = {
     "insert_many": sql.SQL(
         "WITH ins AS ("
         " INSERT INTO {s}.jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at,"
-        "  concurrency_key, max_concurrent)"
-        " SELECT k, q, a, st, m, p, r, %s::float8, ck, mc"
+        "  concurrency_key, max_concurrent, rate_key, rate_limit, rate_per)"
+        " SELECT k, q, a, st, m, p, r, %s::float8, ck, mc, rk, rl, rp"
         " FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::int[], %s::int[], %s::float8[],"
-        "  %s::text[], %s::int[])"
-        "  WITH ORDINALITY AS t(k, q, a, st, m, p, r, ck, mc, ord) ORDER BY ord"
+        "  %s::text[], %s::int[], %s::text[], %s::int[], %s::float8[])"
+        "  WITH ORDINALITY AS t(k, q, a, st, m, p, r, ck, mc, rk, rl, rp, ord) ORDER BY ord"
         " RETURNING id, queue),"
         " notes AS (SELECT count(*) AS n FROM (SELECT DISTINCT queue FROM ins) d,"
         "  LATERAL (SELECT pg_notify(%s, d.queue)) x)"
@@ -1507,8 +1546,8 @@ _QUERIES: dict[str, sql.SQL] = {
     "insert_single": sql.SQL(
         "WITH ins AS ("
         " INSERT INTO {s}.jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at,"
-        "  concurrency_key, max_concurrent)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        "  concurrency_key, max_concurrent, rate_key, rate_limit, rate_per)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
         " RETURNING id)"
         " SELECT id, pg_notify(%s, %s) FROM ins"
     ),
@@ -1524,13 +1563,13 @@ _QUERIES: dict[str, sql.SQL] = {
     # Columns in the order `_copy_text` writes them.
     "copy_in": sql.SQL(
         "COPY {s}.jobs (id, args, run_at, kind, queue, state, max_attempts, priority, created_at,"
-        " concurrency_key, max_concurrent) FROM STDIN"
+        " concurrency_key, max_concurrent, rate_key, rate_limit, rate_per) FROM STDIN"
     ),
     "insert_one": sql.SQL(
         "WITH ins AS ("
         " INSERT INTO {s}.jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at, unique_key,"
-        "  concurrency_key, max_concurrent)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        "  concurrency_key, max_concurrent, rate_key, rate_limit, rate_per)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
         " ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL"
         "  AND state NOT IN ('completed', 'discarded', 'cancelled') DO NOTHING"
         " RETURNING id)"
@@ -1698,7 +1737,11 @@ _QUERIES: dict[str, sql.SQL] = {
         "WITH doomed AS (SELECT d.id FROM unnest(%(states)s::text[], %(befores)s::float8[]) AS c(state, before)"
         "  CROSS JOIN LATERAL (SELECT id FROM {s}.jobs WHERE state = c.state AND finalized_at < c.before"
         "   ORDER BY finalized_at LIMIT %(limit)s) d LIMIT %(limit)s),"
-        " del AS (DELETE FROM {s}.jobs j WHERE j.id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1)"
+        " del AS (DELETE FROM {s}.jobs j WHERE j.id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1),"
+        # Rate keys idle longer than their window (`transitions.rate_idle`, migration 0010); the
+        # condition is in the DELETE's own WHERE, so a record a claim updated meanwhile stays.
+        " idle AS (DELETE FROM {s}.rate_keys r WHERE r.key = ANY(ARRAY(SELECT key FROM {s}.rate_keys"
+        "  WHERE last + per <= %(now)s LIMIT %(limit)s)) AND r.last + r.per <= %(now)s)"
         " SELECT count(*) FROM del"
     ),
     "repair_errors": sql.SQL("UPDATE {s}.jobs SET errors = %s::jsonb WHERE id = %s AND errors = %s::jsonb"),

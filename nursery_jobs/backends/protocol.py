@@ -89,6 +89,13 @@ class NewJob(NamedTuple):  # a tuple: built once per job on the hot path, 3x che
     max_concurrent: int | None = None
     """With a `concurrency_key`: how many jobs of that key may run at once (this job starts only
     while fewer than this many are `running`). None without a key."""
+    rate_key: str | None = None
+    """Jobs with one rate key start at most `rate_limit` times in any `rate_per` seconds, across
+    every process (every attempt's start counts)."""
+    rate_limit: int | None = None
+    """With a `rate_key`: starts allowed per window. None without a key."""
+    rate_per: float | None = None
+    """With a `rate_key`: the window, in seconds. None without a key."""
 
 
 class InsertResult(NamedTuple):  # a tuple: built once per job on the hot path, 3x cheaper than attrs
@@ -255,7 +262,14 @@ class JobStore(Protocol):
         with the ones this claim takes), and with `max_running` no job is taken once that many
         jobs of `queue` are `running`. A job held back stays as it is (no attempt counted, no
         write) and the claim goes on with the next due job, so a key at its limit never holds
-        back other keys. Exact under concurrent claims from any process."""
+        back other keys. Exact under concurrent claims from any process.
+
+        Rate limits (`transitions.admit_rated`): a job with a `rate_key` is taken at `now()` only
+        if fewer than its `rate_limit` starts of that key were made in the `rate_per` seconds
+        before (counted with the ones this claim takes; every claim of a job is a start, a
+        retry's too), and each start is recorded with the key. A job over its rate is held back
+        like one over its concurrency limit, and the earliest time such a job gets a slot is
+        reported in `next_due` when it is earlier than the queue's next `run_at`."""
         ...
 
     async def finish_many(self, outcomes: Sequence[Outcome]) -> None:
@@ -301,7 +315,9 @@ class JobStore(Protocol):
         before its state's cutoff, oldest (first finalized) first within each state; returns
         how many (the caller calls again while it is `limit`, so no single call is a long
         sweep). Pending and running rows are never deleted, whatever `before` names. A deleted
-        job's failed and interrupted attempts leave `stats` with it. Emits nothing."""
+        job's failed and interrupted attempts leave `stats` with it. Also forgets (at most
+        `limit` of) the rate keys whose latest start is older than their window: they limit
+        nothing any more (`transitions.rate_idle`). Emits nothing."""
         ...
 
     async def get_job(self, job_id: int) -> Job:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import math
 import os
 import sqlite3
 import time
@@ -65,7 +66,7 @@ from .protocol import (
     Route,
     ScheduleState,
 )
-from .transitions import CancelAction, admit, after_outcome, after_rescue, on_cancel
+from .transitions import CancelAction, admit_rated, after_outcome, after_rescue, on_cancel, rate_log
 from .rows import (
     SET_ASIDE_COLUMNS,
     STATES,
@@ -83,9 +84,9 @@ __all__ = ["SqliteBackend", "SqliteCursor", "SqliteTransaction"]
 
 log = logging.getLogger("nursery_jobs")
 
-SCHEMA_VERSION = 2
-"""2 added the concurrency key and its limit (`_UPGRADE_2`: a version-1 file is upgraded in
-place when opened)."""
+SCHEMA_VERSION = 3
+"""2 added the concurrency key and its limit (`_UPGRADE_2`), 3 the rate key and its rate
+(`_UPGRADE_3`): an older file is upgraded in place when opened."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS nj_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -109,7 +110,10 @@ CREATE TABLE IF NOT EXISTS nj_jobs (
     unique_key TEXT,
     cancel_requested INTEGER NOT NULL DEFAULT 0,
     concurrency_key TEXT,
-    max_concurrent INTEGER
+    max_concurrent INTEGER,
+    rate_key TEXT,
+    rate_limit INTEGER,
+    rate_per REAL
 );
 -- Claim order, over claimable rows only, so claim cost does not grow with finished rows.
 CREATE INDEX IF NOT EXISTS nj_jobs_claim ON nj_jobs (queue, priority DESC, run_at, id)
@@ -136,11 +140,21 @@ CREATE INDEX IF NOT EXISTS nj_outbox_topic ON nj_outbox (topic, id);
 CREATE TABLE IF NOT EXISTS nj_schedules (name TEXT PRIMARY KEY, last_tick REAL NOT NULL, last_job_id INTEGER);
 -- Named locks (rt.lock): the holder's token and its expiry on the backend's clock.
 CREATE TABLE IF NOT EXISTS nj_locks (name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_at REAL NOT NULL);
+-- Rate keys: each one's latest starts (a JSON array, ascending, at most `cap`), the largest
+-- limit and window its jobs carried, and its latest start; retention drops idle keys.
+CREATE TABLE IF NOT EXISTS nj_rate (
+    key TEXT PRIMARY KEY, starts TEXT NOT NULL, cap INTEGER NOT NULL, per REAL NOT NULL, last REAL NOT NULL
+);
 """
 
 _UPGRADE_2 = (
     "ALTER TABLE nj_jobs ADD COLUMN concurrency_key TEXT",
     "ALTER TABLE nj_jobs ADD COLUMN max_concurrent INTEGER",
+)
+_UPGRADE_3 = (
+    "ALTER TABLE nj_jobs ADD COLUMN rate_key TEXT",
+    "ALTER TABLE nj_jobs ADD COLUMN rate_limit INTEGER",
+    "ALTER TABLE nj_jobs ADD COLUMN rate_per REAL",
 )
 _KEY_INDEX = (
     # The running jobs of a concurrency key, counted by every claim that meets the key.
@@ -173,6 +187,77 @@ class _RunningByKey(Mapping[str, int]):
 
     def __len__(self) -> int:
         return 0
+
+
+class _RateStarts(Mapping[str, Sequence[float]]):
+    """Each rate key's recorded starts, read from `nj_rate` when `admit_rated` first asks for a
+    key (a damaged record reads as no starts), with the key's `cap` and `per` kept for the write."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self.read: dict[str, tuple[list[float], int, float]] = {}
+
+    def __getitem__(self, key: str) -> Sequence[float]:
+        got = self.read.get(key)
+        if got is None:
+            row = self._conn.execute("SELECT starts, cap, per FROM nj_rate WHERE key = ?", (key,)).fetchone()
+            got = self.read[key] = _rate_record(row)
+        return got[0]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+def _rate_record(row: Any) -> tuple[list[float], int, float]:
+    """(starts, cap, per) of an `nj_rate` row; a row someone else damaged counts as no starts."""
+    if row is None:
+        return [], 1, 0.0
+    text, cap, per = row
+    try:
+        starts = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        starts = None
+    if not isinstance(starts, list) or not all(_is_number(t) for t in starts):
+        starts = []
+    cap = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1 else 1
+    per = float(per) if _is_number(per) else 0.0
+    return sorted(float(t) for t in starts), cap, per
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _rate_of(key: Any, limit: Any, per: Any) -> tuple[str, int, float] | None:
+    """A row's rate limit as the claim applies it: a limit that is not an int >= 1 counts as 1;
+    a window that is not a positive number of seconds limits nothing."""
+    if key is None or not _is_number(per) or per <= 0:
+        return None
+    return str(key), (limit if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1 else 1), float(per)
+
+
+def _record_starts(
+    conn: sqlite3.Connection,
+    starts: _RateStarts,
+    rates: Sequence[tuple[str, int, float] | None],
+    added: Mapping[str, int],
+    now: float,
+) -> None:
+    """Each rate key's record after the claim: its latest starts (`transitions.rate_log`), with
+    the largest limit and window of the jobs it started."""
+    for key, n in added.items():
+        old, cap, per = starts.read.get(key) or ([], 1, 0.0)
+        for rate in rates:
+            if rate is not None and rate[0] == key:
+                cap, per = max(cap, rate[1]), max(per, rate[2])
+        conn.execute(
+            "INSERT INTO nj_rate (key, starts, cap, per, last) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (key)"
+            " DO UPDATE SET starts = ?2, cap = ?3, per = ?4, last = ?5",
+            (key, json.dumps(rate_log(old, n, now, cap, per)), cap, per, now),
+        )
 
 
 def parse_sqlite_url(url: str) -> tuple[str, str, bool]:
@@ -497,8 +582,9 @@ class SqliteBackend:
 
     @staticmethod
     def _upgrade(conn: sqlite3.Connection) -> None:
-        """Bring a version-1 file to version 2, in one write transaction (another process may be
-        opening the same file): the two columns of the concurrency key, then its index."""
+        """Bring an older file to version 3, in one write transaction (another process may be
+        opening the same file): the two columns of the concurrency key (from 1), the three of
+        the rate key (from 1 or 2), then the key's index."""
         conn.execute("BEGIN IMMEDIATE")
         try:
             (version,) = conn.execute("SELECT value FROM nj_meta WHERE key = 'schema_version'").fetchone()
@@ -507,6 +593,10 @@ class SqliteBackend:
                     conn.execute(statement)
                 conn.execute("UPDATE nj_meta SET value = '2' WHERE key = 'schema_version'")
             if version in ("1", "2"):
+                for statement in _UPGRADE_3:
+                    conn.execute(statement)
+                conn.execute("UPDATE nj_meta SET value = '3' WHERE key = 'schema_version'")
+            if version in ("1", "2", "3"):
                 conn.execute(_KEY_INDEX)
             conn.execute("COMMIT")
         except BaseException:
@@ -617,11 +707,12 @@ class SqliteBackend:
             state = "available" if run_at <= now else "scheduled"
             row = conn.execute(
                 "INSERT INTO nj_jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at, unique_key,"
-                " concurrency_key, max_concurrent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " concurrency_key, max_concurrent, rate_key, rate_limit, rate_per)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL"
                 " AND state NOT IN ('completed', 'discarded', 'cancelled') DO NOTHING RETURNING id",
                 (new.kind, new.queue, new.args_json, state, new.max_attempts, new.priority, run_at, now, new.unique_key,
-                 new.concurrency_key, new.max_concurrent),
+                 new.concurrency_key, new.max_concurrent, new.rate_key, new.rate_limit, new.rate_per),
             ).fetchone()  # fmt: skip
             if row is None:
                 (existing,) = conn.execute(
@@ -645,10 +736,10 @@ class SqliteBackend:
             run_at = now if new.run_at is None or new.run_at < now else new.run_at
             state = "available" if run_at <= now else "scheduled"
             rows.append((new.kind, new.queue, new.args_json, state, new.max_attempts, new.priority, run_at, now,
-                         new.concurrency_key, new.max_concurrent))  # fmt: skip
+                         new.concurrency_key, new.max_concurrent, new.rate_key, new.rate_limit, new.rate_per))  # fmt: skip
         conn.executemany(
             "INSERT INTO nj_jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at,"
-            " concurrency_key, max_concurrent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " concurrency_key, max_concurrent, rate_key, rate_limit, rate_per) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             rows,
         )
         ids = [r[0] for r in conn.execute("SELECT id FROM nj_jobs WHERE id > ? ORDER BY id", (before,))]
@@ -800,21 +891,34 @@ class SqliteBackend:
                     "SELECT count(*) FROM nj_jobs WHERE queue = ? AND state = 'running'", (queue,)
                 ).fetchone()
             cur = conn.execute(
-                f"SELECT id, concurrency_key, max_concurrent FROM nj_jobs j WHERE queue = ?2 AND state IN {_PENDING}"
+                "SELECT id, concurrency_key, max_concurrent, rate_key, rate_limit, rate_per"
+                f" FROM nj_jobs j WHERE queue = ?2 AND state IN {_PENDING}"
                 "  AND run_at <= ?1 AND (concurrency_key IS NULL OR (SELECT count(*) FROM nj_jobs r"
                 "   WHERE r.state = 'running' AND r.concurrency_key = j.concurrency_key) < coalesce(j.max_concurrent, 1))"
                 " ORDER BY priority DESC, run_at, id",
                 (now, queue),
             )
             seen: list[int] = []
+            rates: list[tuple[str, int, float] | None] = []
 
             def candidates() -> Any:
-                for job_id, key, most in cur:
+                for job_id, key, most, rkey, rlimit, rper in cur:
                     seen.append(job_id)
-                    yield (None if key is None else str(key)), (most if isinstance(most, int) and most >= 1 else 1)
+                    rate = _rate_of(rkey, rlimit, rper)
+                    rates.append(rate)
+                    yield (None if key is None else str(key)), (most if isinstance(most, int) and most >= 1 else 1), *(
+                        rate or (None, None, None)
+                    )
 
-            picked = admit(candidates(), _RunningByKey(conn), want=limit, queue_running=queue_running, max_running=max_running)
+            starts = _RateStarts(conn)
+            verdict = admit_rated(
+                candidates(), _RunningByKey(conn), starts, want=limit, now=now, queue_running=queue_running,
+                max_running=max_running,
+            )  # fmt: skip
             cur.close()
+            picked = verdict.started
+            if verdict.rate_started:
+                _record_starts(conn, starts, [rates[i] for i in picked], verdict.rate_started, now)
             ids = [seen[i] for i in picked]
             rows = []
             for i in range(0, len(ids), _IDS_PER_STATEMENT):
@@ -836,6 +940,8 @@ class SqliteBackend:
             if events:  # rows set aside took places in this claim: the queue may hold more
                 events.append(JobsAvailable(queue))
             next_due = self._next_due(conn, queue, now, events)
+            if verdict.rate_next is not None and (next_due is None or verdict.rate_next < next_due):
+                next_due = verdict.rate_next  # a rate key's next slot: a job it refused may start then
             claimed.sort(key=lambda c: (-c[0].priority, c[1] if isinstance(c[1], (int, float)) else 0.0, c[0].id))
             return ClaimResult([c[0] for c in claimed], next_due), events
 
@@ -1073,7 +1179,13 @@ class SqliteBackend:
         return result
 
     async def delete_finished(self, before: Mapping[JobState, float], limit: int) -> int:
+        now = self.now()
+
         def body(conn: sqlite3.Connection) -> int:
+            # Rate keys idle longer than their window limit nothing (`transitions.rate_idle`).
+            conn.execute(
+                "DELETE FROM nj_rate WHERE key IN (SELECT key FROM nj_rate WHERE last + per <= ? LIMIT ?)", (now, limit)
+            )
             deleted = 0
             for state, cutoff in sorted(before.items()):
                 cur = conn.execute(

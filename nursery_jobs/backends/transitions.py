@@ -23,6 +23,11 @@ decided here, once:
   per-key locks, `pg_migrations/0006_concurrency_keys.sql`). A job's slot is its `running`
   row: there is no other record to free, so a job that leaves `running` by any transition
   above (an outcome, a rescue) frees it in the same write.
+- `rate_slot` says whether a job under a rate limit may start now, given its rate key's recorded
+  starts, and if not when its next slot comes; `admit_rated` applies it with the concurrency
+  limits, `rate_log` says what a key's record becomes after a claim (its starts of the last
+  window, at most `cap`), and `rate_idle` when the record may go. PostgreSQL runs the same rule
+  in `claim_held` (migration 0010, `rate_slot` and `rate_record` there).
 
 The memory and SQLite backends call these functions per row. PostgreSQL writes a whole batch in
 one statement, so its SQL is *generated* from `OUTCOME_TABLE` (`sql_case`), and the contract
@@ -35,7 +40,7 @@ Every value here is a plain tuple or enum: a transition is computed per job on t
 from __future__ import annotations
 
 import enum
-from typing import Iterable, Mapping, NamedTuple
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from ..jobs import JobState
 
@@ -46,11 +51,16 @@ __all__ = [
     "OUTCOME_TABLE",
     "OutcomeKind",
     "Rule",
+    "Admission",
     "admit",
+    "admit_rated",
     "after_outcome",
     "after_rescue",
     "on_cancel",
     "on_failure",
+    "rate_idle",
+    "rate_log",
+    "rate_slot",
 ]
 
 
@@ -198,23 +208,110 @@ def admit(
     skipped (it stays pending, no attempt is spent) and the next one is considered, so a full
     key never holds back another. At most `want` start. Reads `candidates` lazily and stops
     as soon as `want` started or the queue is full."""
+    return admit_rated(
+        ((key, limit, None, None, None) for key, limit in candidates),
+        running,
+        {},
+        want=want,
+        queue_running=queue_running,
+        max_running=max_running,
+        now=0.0,
+    ).started
+
+
+Candidate = tuple[str | None, int | None, str | None, int | None, float | None]
+"""A due job as a claim weighs it: (concurrency key, max_concurrent, rate key, rate limit, rate
+window in seconds)."""
+
+
+class Admission(NamedTuple):
+    started: list[int]
+    """The indexes of the candidates the claim starts, ascending."""
+    rate_next: float | None
+    """The earliest time a candidate refused for its rate gets a slot (None: none was)."""
+    rate_started: dict[str, int]
+    """Starts this claim makes per rate key: each is recorded at the claim's `now`."""
+
+
+def admit_rated(
+    candidates: Iterable[Candidate],
+    running: Mapping[str, int],
+    starts: Mapping[str, Sequence[float]],
+    *,
+    want: int,
+    now: float,
+    queue_running: int = 0,
+    max_running: int | None = None,
+) -> Admission:
+    """`admit` with rate limits too: `starts` holds each rate key's recorded starts, ascending
+    (a key absent: none; see `rate_log`). A candidate with a rate key starts only if its
+    concurrency limit admits it and `rate_slot` says its rate does, counting the starts this
+    claim made before it (each at `now`); a candidate refused for its rate is skipped like one
+    refused for its key, and the earliest time such a candidate gets a slot is reported, so the
+    caller sleeps exactly until then."""
     started: list[int] = []
+    rated: dict[str, int] = {}
     if want <= 0 or (max_running is not None and queue_running >= max_running):
-        return started
+        return Admission(started, None, rated)
     room = want if max_running is None else min(want, max_running - queue_running)
     taken: dict[str, int] = {}
-    for i, (key, limit) in enumerate(candidates):
+    rate_next: float | None = None
+    for i, (key, limit, rkey, rlimit, rper) in enumerate(candidates):
+        n = 0
         if key is not None:
-            n = taken.get(key)
-            if n is None:
-                n = running.get(key, 0)
+            got = taken.get(key)
+            n = running.get(key, 0) if got is None else got
             if n >= (limit or 1):
                 continue
+        if rkey is not None:
+            slot = rate_slot(starts.get(rkey, ()), rlimit or 1, rper or 0.0, now, rated.get(rkey, 0))
+            if slot is not None:
+                if rate_next is None or slot < rate_next:
+                    rate_next = slot
+                continue
+            rated[rkey] = rated.get(rkey, 0) + 1
+        if key is not None:
             taken[key] = n + 1
         started.append(i)
         if len(started) >= room:
             break
-    return started
+    return Admission(started, rate_next, rated)
+
+
+def rate_slot(starts: Sequence[float], limit: int, per: float, now: float, added: int = 0) -> float | None:
+    """None if a job limited to `limit` starts per `per` seconds may start at `now`, given its
+    key's recorded starts (`starts`, ascending; at least the latest `limit` of them) and
+    `added` more made at `now` by the same claim; otherwise the time its next slot comes: when
+    the `limit`-th latest start leaves the window. A start at `s` holds its slot during
+    [s, s + per), so any half-open window of `per` seconds holds at most `limit` starts."""
+    if added >= limit:
+        return now + per
+    need = limit - added  # the start whose age decides
+    if len(starts) < need:
+        return None
+    slot = starts[-need] + per
+    return slot if slot > now else None
+
+
+def rate_log(starts: Sequence[float], added: int, now: float, cap: int, per: float) -> list[float]:
+    """A key's record after a claim made `added` starts at `now`: its latest `cap` starts that
+    are less than `per` seconds old (`cap`, `per`: the largest limit and window its jobs
+    carried), all that `rate_slot` ever reads. So a record holds at most `cap` starts, and no
+    more than the key really made in the last window: a rate never reached costs no more than
+    the traffic."""
+    n = len(starts)
+    old = 0
+    while old < n and starts[old] + per <= now:  # ascending: the expired ones come first
+        old += 1
+    if added >= cap:
+        return [now] * cap
+    return [*starts[max(old, n + added - cap) :], *([now] * added)]
+
+
+def rate_idle(last_start: float, per: float, now: float) -> bool:
+    """A key whose latest start is `per` seconds old (`per`: the longest window its jobs
+    carried) constrains no start any more: its record may be dropped."""
+    return last_start + per <= now
 
 
 def sql_case(column: str, *, kind: str = "o.kind", cancel: str = "j.cancel_requested") -> str:

@@ -306,11 +306,14 @@ class Spawner:
         timeout: float = 60.0,
         keys: int = 0,
         key_prefix: str = "k",
+        rate_keys: int = 0,
     ) -> list[int]:
         raw = list(raw)
         argv = ["enqueue", "--backend", store_url, "--count", str(count), "--first", str(first), "--sleep", str(sleep)]
         if keys:
             argv += ["--keys", str(keys), "--key-prefix", key_prefix]
+        if rate_keys:
+            argv += ["--rate-keys", str(rate_keys)]
         for kind, args_json in raw:
             argv += ["--raw", kind, args_json]
         result = self.run_worker_cli(*argv, timeout=timeout)

@@ -162,3 +162,41 @@ def test_three_workers_never_run_two_jobs_of_a_key_at_once_and_a_busy_key_delays
     last_busy_start = max(start for start, _ in by_key["busy"])
     assert max(end for key, iv in by_key.items() if key != "busy" for _, end in iv) < last_busy_start
     assert len(busy) == 20 and len(others) == 300
+
+
+def test_three_workers_never_start_more_than_a_keys_rate_in_any_window(spawner, pg_store):
+    """Per-key rate limits across processes: 3 workers claim 60 jobs of 3 rate keys (5 starts
+    per key per second, `worker.RATE`) and 150 jobs of no key at once. From the start times the
+    database recorded (each claim's `attempted_at`), no window of a second holds more than 5
+    starts of a key; the unlimited jobs did not wait behind the limited ones."""
+    from tests.processes.worker import RATE
+
+    rated = spawner.enqueue(pg_store.url, 60, sleep=0.01, rate_keys=3)
+    free = spawner.enqueue(pg_store.url, 150, first=1000, sleep=0.005)
+    workers = _start_workers(spawner, pg_store, 3, "--max-workers", "8")  # both sets wait already
+    codes = wait_all_exit(workers, timeout=90)
+    for proc in workers:
+        assert_clean_exit(proc, codes[proc.name])
+
+    jobs = fetch_jobs(pg_store)
+    assert state_counts(jobs) == {"completed": 210} and {j.attempt for j in jobs.values()} == {1}
+    assert pg_store.conninfo is not None and pg_store.schema is not None
+    with psycopg.connect(pg_store.conninfo, autocommit=True, connect_timeout=5) as conn:
+        rows = conn.execute(
+            psycopg.sql.SQL("SELECT id, rate_key, attempted_at FROM {}.jobs").format(psycopg.sql.Identifier(pg_store.schema))
+        ).fetchall()
+    starts: dict[str | None, list[float]] = {}
+    for job_id, rkey, attempted_at in rows:
+        assert (rkey is not None) == (job_id in set(rated))
+        starts.setdefault(rkey, []).append(attempted_at)
+    assert sorted(k for k in starts if k is not None) == ["r0", "r1", "r2"]
+    for key in ("r0", "r1", "r2"):
+        s = sorted(starts[key])
+        assert len(s) == 20
+        crowded = [s[i : i + RATE.limit + 1] for i in range(len(s) - RATE.limit) if s[i] + RATE.per > s[i + RATE.limit]]
+        assert not crowded, f"key {key}: {RATE.limit + 1} starts within {RATE.per:g} s: {crowded[:2]}"
+        assert s[-1] - s[0] >= 3 * RATE.per  # 20 starts at 5 a second span at least 3 windows
+    assert max(starts[None]) < max(max(starts[k]) for k in ("r0", "r1", "r2"))  # no wait behind a key
+    execs = read_executions(spawner.log_dir)
+    assert len({s[0].pid for s in starts_by_job(execs).values()}) == 3  # every process took part
+    assert len(free) == 150

@@ -5,7 +5,9 @@
     python worker.py enqueue-wait --backend URL --count 5 [--poll-interval 30] [--wait-timeout 10]
 
 `work` runs `nj.run` on the given backend with one queue ("procs") and one job kind ("record"),
-whose optional `key` argument is its concurrency key (at most one job of a key runs at once).
+whose optional `key` argument is its concurrency key (at most one job of a key runs at once), and
+one rate-limited kind ("rated", the same handler) whose `rkey` argument is its rate key (at most
+`RATE.limit` starts per key in any `RATE.per` seconds).
 Every execution of a `record` job appends JSON lines to ``DIR/exec-<pid>.jsonl``:
 ``{"ev": "start" | "end" | "cancelled", "id", "attempt", "pid", "n", "t"}``. Each line is one
 `os.write` on an O_APPEND descriptor, so it is in the kernel before the job goes on: a SIGKILL
@@ -48,6 +50,8 @@ from nursery_jobs.backends import NewJob
 
 QUEUE = "procs"
 KIND = "record"
+RATED = "rated"
+RATE = nj.Rate(5, per=1.0)
 
 
 class Recorder:
@@ -84,6 +88,13 @@ def make_app(
 
     @app.job(queue=QUEUE, concurrency_key=lambda args: args.get("key"), max_concurrent=1)
     async def record(ctx: nj.JobContext, n: int, sleep: float = 0.0, key: str | None = None) -> None:
+        await run(ctx, n, sleep)
+
+    @app.job(queue=QUEUE, name=RATED, rate=RATE, rate_key=lambda args: args.get("rkey"))
+    async def rated(ctx: nj.JobContext, n: int, sleep: float = 0.0, rkey: str | None = None) -> None:
+        await run(ctx, n, sleep)
+
+    async def run(ctx: nj.JobContext, n: int, sleep: float) -> None:
         assert recorder is not None, "this app only enqueues"
         recorder.write("start", ctx, n)
         seconds = max(sleep if cap_sleep is None else min(sleep, cap_sleep), min_sleep)
@@ -161,7 +172,10 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
             if args.keys:
                 for job in many:
                     job["key"] = f"{args.key_prefix}{int(str(job['n'])) % args.keys}"
-            ids.extend(int(i) for i in await rt.enqueue_many(KIND, many))
+            if args.rate_keys:
+                for job in many:
+                    job["rkey"] = f"r{int(str(job['n'])) % args.rate_keys}"
+            ids.extend(int(i) for i in await rt.enqueue_many(RATED if args.rate_keys else KIND, many))
         if args.raw:
             rows = [NewJob(kind, QUEUE, args_json, 0, None, 25) for kind, args_json in args.raw]
             ids.extend(r.id for r in await rt.backend.insert_many(rows))
@@ -227,6 +241,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     enqueue.add_argument("--sleep", type=float, default=0.0, help="each job's sleep argument")
     enqueue.add_argument("--keys", type=int, default=0, help="give job n the concurrency key <prefix><n % KEYS>")
     enqueue.add_argument("--key-prefix", default="k")
+    enqueue.add_argument("--rate-keys", type=int, default=0, help="jobs of the kind 'rated', job n with rate key r<n % K>")
     enqueue.add_argument("--raw", nargs=2, action="append", metavar=("KIND", "ARGS_JSON"), default=[])
     enqueue.set_defaults(fn=cmd_enqueue)
 

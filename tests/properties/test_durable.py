@@ -43,6 +43,7 @@ from . import (
     test_p15_replay,
     test_p16_key_limits,
     test_p17_batches,
+    test_p18_rate_limits,
 )
 from tests import registry
 
@@ -70,6 +71,7 @@ PROPERTIES: list[tuple[str, Check, int]] = [
     ("P15", test_p15_replay.check, 5),
     ("P16", test_p16_key_limits.check, 10),
     ("P17", test_p17_batches.check, 8),
+    ("P18", test_p18_rate_limits.check, 10),
 ]
 
 

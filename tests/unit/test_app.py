@@ -9,6 +9,7 @@ import pytest
 import trio
 
 import nursery_jobs as nj
+from nursery_jobs.app import EnqueueOptions
 
 
 def test_default_queue_always_exists():
@@ -90,6 +91,10 @@ def test_sync_handler_is_refused():
         ({"name": "k" * 10_000}, "at most 128 characters"),
         ({"name": "tab\tname"}, "printable"),
         ({"name": ""}, "job name must be"),
+        ({"rate": nj.Rate(5, per=1)}, "rate needs a rate_key"),
+        ({"rate_key": lambda args: "k"}, "rate_key needs a rate"),
+        ({"rate_key": "endpoint", "rate": nj.Rate(5, per=1)}, "rate_key must be a function"),
+        ({"rate_key": lambda args: "k", "rate": (5, 60)}, r"rate must be an nj.Rate\(limit, per=seconds\)"),
     ],
 )
 def test_bad_job_settings(kwargs, message):
@@ -268,3 +273,43 @@ def test_the_router_drops_only_the_job_it_cannot_make(caplog):
     assert [[j.kind for j in jobs] for jobs in made] == [["needs_id", "takes_any"], ["takes_any"], []]
     reasons = [(r.outbox_event, r.kind) for r in caplog.records if getattr(r, "event", None) == "outbox_job_dropped"]
     assert reasons == [(2, "needs_id"), (3, "needs_id"), (3, "takes_any")]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((0,), "limit"),
+        ((2**31,), "limit"),
+        ((True,), "limit"),
+        ((1.5,), "limit"),
+        ((5, 0), "per"),
+        ((5, -1.0), "per"),
+        ((5, float("inf")), "per"),
+        ((5, float("nan")), "per"),
+        ((5, "60"), "per"),
+        ((5, 10**400), "per"),
+    ],
+)
+def test_a_bad_rate_is_a_config_error_naming_the_field(args, message):
+    with pytest.raises(nj.ConfigError, match=f"Rate's {message}"):
+        nj.Rate(args[0], per=args[1] if len(args) > 1 else 1)
+
+
+def test_a_rate_keeps_its_window_as_float_seconds():
+    assert nj.Rate(100, per=60) == nj.Rate(limit=100, per=60.0)
+    assert isinstance(nj.Rate(1, per=1).per, float)
+
+
+def test_a_job_with_a_rate_stores_its_key_and_rate_with_each_job():
+    app = nj.App()
+
+    @app.job(rate=nj.Rate(3, per=10), rate_key=lambda args: args.get("host"), concurrency_key=lambda args: "c")
+    async def fetch(ctx, host=None):
+        pass
+
+    one = fetch.new_job({"host": "a"}, EnqueueOptions(), 0.0)
+    none = fetch.new_job({"host": None}, EnqueueOptions(), 0.0)
+    many = fetch.new_jobs([{"host": "b"}, {}], EnqueueOptions(), 0.0)
+    assert (one.rate_key, one.rate_limit, one.rate_per, one.concurrency_key) == ("a", 3, 10.0, "c")
+    assert (none.rate_key, none.rate_limit, none.rate_per) == (None, None, None)  # no limit for this job
+    assert [(j.rate_key, j.rate_limit) for j in many] == [("b", 3), (None, None)]

@@ -17,6 +17,9 @@ from nursery_jobs.backends.transitions import (
     after_outcome,
     after_rescue,
     on_cancel,
+    rate_idle,
+    rate_log,
+    rate_slot,
     sql_case,
 )
 
@@ -84,3 +87,38 @@ def test_the_generated_sql_covers_every_outcome():
         assert all(f"o.kind = '{k.value}'" in text for k in OutcomeKind), column
     with pytest.raises(ValueError):
         sql_case("priority")
+
+
+# -- rate limits, as docs/rate_limits.md states them --
+
+
+def test_a_rate_admits_a_start_while_fewer_than_the_limit_are_less_than_per_seconds_old():
+    assert rate_slot([], 2, 10.0, NOW) is None
+    assert rate_slot([NOW - 3], 2, 10.0, NOW) is None
+    assert rate_slot([NOW - 4, NOW - 3], 2, 10.0, NOW) == NOW + 6  # the older leaves the window then
+    assert rate_slot([NOW - 10, NOW - 3], 2, 10.0, NOW) is None  # a start holds its slot for [s, s + per)
+
+
+def test_the_starts_a_claim_makes_count_before_the_next_candidate():
+    assert rate_slot([NOW - 4], 3, 10.0, NOW, added=1) is None
+    assert rate_slot([NOW - 4], 3, 10.0, NOW, added=2) == NOW + 6
+    assert rate_slot([], 2, 10.0, NOW, added=2) == NOW + 10
+
+
+def test_a_record_keeps_the_latest_starts_of_its_last_window_at_most_cap():
+    assert rate_log([NOW - 20, NOW - 5, NOW - 1], 1, NOW, 3, 10.0) == [NOW - 5, NOW - 1, NOW]
+    assert rate_log([NOW - 5, NOW - 1], 2, NOW, 3, 10.0) == [NOW - 1, NOW, NOW]
+    assert rate_log([NOW - 1], 5, NOW, 3, 10.0) == [NOW, NOW, NOW]
+    assert rate_idle(NOW - 10, 10.0, NOW) and not rate_idle(NOW - 9.5, 10.0, NOW)
+
+
+def test_a_window_after_a_burst_holds_the_limit_where_gcra_would_hold_more():
+    """The docs' example: Rate(2, per=10). GCRA with a burst of 2 admits 0, 0 and 5; the log
+    refuses the third start until 10."""
+    log: list[float] = []
+    starts = []
+    for t in (0.0, 0.0, 5.0, 10.0):
+        if rate_slot(log, 2, 10.0, t) is None:
+            log = rate_log(log, 1, t, 2, 10.0)
+            starts.append(t)
+    assert starts == [0.0, 0.0, 10.0]

@@ -151,18 +151,20 @@ def _statements(schema: str, running: list[int]) -> dict[str, list[Any]]:
         "heartbeat": [1e12, _int_array(ids), _attempt_keys([(i, 1) for i in ids])],
         "rescue": {"before": 0.5, "now": 1e12},  # nothing stale: the scan must still not touch the table
         "cancel": {"id": running[0], "now": 1e12, "channel": f"{schema}_events"},
-        "delete_finished": {"states": "{completed,cancelled,discarded}", "befores": "{50.0,50.0,50.0}", "limit": 1000},
+        "delete_finished": {"states": "{completed,cancelled,discarded}", "befores": "{50.0,50.0,50.0}", "limit": 1000, "now": 1e12},
     }
 
 
 # Indexes each statement may use, and the ones it must use.
 ALLOWED = {
-    "claim": {"jobs_available", "jobs_waiting", "jobs_pkey", "jobs_running_key"},
+    # Rate keys (migration 0010): the probe of a keyed row's record, and the rate-keyed pending
+    # jobs read for the next slot when a claim comes back short.
+    "claim": {"jobs_available", "jobs_waiting", "jobs_pkey", "jobs_running_key", "jobs_pending_rate", "rate_keys_pkey"},
     "finish": {"jobs_pkey"},
     "heartbeat": {"jobs_pkey"},
     "rescue": {"jobs_running", "jobs_running_unbeaten", "jobs_pkey"},
     "cancel": {"jobs_pkey"},
-    "delete_finished": {"jobs_finalized", "jobs_pkey"},
+    "delete_finished": {"jobs_finalized", "jobs_pkey", "rate_keys_pkey"},
 }
 UNCONDITIONED = {"jobs_running_unbeaten"}
 """The one index a statement may read whole: running rows without a heartbeat, normally none."""

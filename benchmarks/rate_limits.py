@@ -1,0 +1,330 @@
+"""Per-key rate limit benchmark: how exactly each backend keeps a rate (starts per window
+against the rate, and the worst window seen), and what a rate-keyed queue whose rate is never
+reached costs against an unlimited one in the same run.
+
+What it measures, per backend (PostgreSQL; SQLite and memory beside it):
+
+1. **Accuracy.** A table pre-filled (PostgreSQL and SQLite: rows inserted directly, then
+   `ANALYZE`d; memory: `insert_many`) with K keys x J jobs of `Rate(L, per=P)`, enqueued first
+   (every claim meets them first), and behind them a backlog of unlimited jobs; one runtime of
+   W workers drains it. From the start times the backend recorded (each job's `attempted_at`,
+   the claim's clock): per key, the starts in each window [t0 + i*P, t0 + (i+1)*P) counted
+   from the key's first start (the full windows' mean and max), and the most starts any
+   half-open window of P seconds held (the worst window; the guarantee is <= L). "Used" is the
+   share of the rate the key got: starts after the first window per window elapsed, against L.
+2. **Throughput, rate not reached.** The same pre-filled backlog of N no-op jobs, drained until
+   M completed, jobs per second from the first start to the M-th: once with no key (unlimited),
+   once with job n keyed ``r<n % 1000>`` under `Rate(100_000, per=1)` (never reached). Rounds
+   alternate the sides on freshly filled tables; the figure is the median of the per-round
+   ratios rate-keyed / unlimited.
+
+Usage (PostgreSQL on 127.0.0.1:5432, or the admin URL in NJ_BENCH_PG_URL; the script creates
+and drops its own database):
+
+    flock -x /work/locks/bench .venv/bin/python benchmarks/rate_limits.py
+    .venv/bin/python benchmarks/rate_limits.py --quick   # tiny sizes: only proves it runs
+
+Results are recorded in benchmarks/RESULTS.md ("Rate limits"). Speed is never asserted in tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import attrs
+import psycopg
+import trio
+from psycopg import sql
+
+import nursery_jobs as nj
+from nursery_jobs.backends import NewJob
+
+try:  # imported as `benchmarks.rate_limits`
+    from .pg_common import PgUnavailable, backend_url, fresh_schema, render_table, throwaway_database
+except ImportError:  # run as a script: benchmarks/ is sys.path[0]
+    from pg_common import PgUnavailable, backend_url, fresh_schema, render_table, throwaway_database  # type: ignore[no-redef]
+
+QUEUE = "bench"
+SCHEMA = "rated"
+
+
+@attrs.frozen
+class Sizes:
+    keys: int = 10
+    """Rate keys of the accuracy run."""
+    per_key: int = 500
+    """Jobs per key in the accuracy run (at `limit` per window: per_key / limit windows)."""
+    limit: int = 100
+    per: float = 1.0
+    unlimited: int = 5_000
+    """Unlimited jobs behind the rate-keyed ones in the accuracy run."""
+    jobs: int = 20_000
+    """Pre-filled backlog of a throughput run."""
+    measured: int = 8_000
+    throughput_keys: int = 1_000
+    throughput_rate: int = 100_000
+    workers: int = 32
+    rounds: int = 4
+    backends: tuple[str, ...] = ("postgres", "sqlite", "memory")
+
+
+QUICK = Sizes(keys=2, per_key=30, limit=10, per=0.5, unlimited=50, jobs=300, measured=100, throughput_keys=10, workers=8, rounds=1)
+
+
+class Box:
+    """Shared by a run's handlers and its main (one Trio thread)."""
+
+    def __init__(self, target: int, counted: str | None) -> None:
+        self.target = target
+        self.counted = counted
+        self.count = 0
+        self.first = 0.0
+        self.last = 0.0
+        self.done = trio.Event()
+
+
+def build_app(workers: int, box: list[Box], s: Sizes) -> nj.App:
+    app = nj.App()
+    app.queue(QUEUE, max_workers=workers, timeout=60)
+
+    def count(kind: str) -> None:
+        b = box[0]
+        if b.counted is not None and kind != b.counted:
+            return
+        b.count += 1
+        if b.count == 1:
+            b.first = time.perf_counter()
+        if b.count == b.target:
+            b.last = time.perf_counter()
+            b.done.set()
+
+    @app.job(queue=QUEUE, name="plain")
+    async def plain(ctx: nj.JobContext, n: int = 0) -> None:
+        count("plain")
+        await trio.lowlevel.checkpoint()
+
+    @app.job(queue=QUEUE, name="rated", rate=nj.Rate(s.limit, per=s.per), rate_key=lambda args: args["key"])
+    async def rated(ctx: nj.JobContext, key: str, n: int = 0) -> None:
+        count("rated")
+        await trio.lowlevel.checkpoint()
+
+    return app
+
+
+# -- filling: `rows` are (kind, key, limit, per), oldest first --
+
+
+def fill_rows(s: Sizes, *, accuracy: bool, keyed: bool) -> list[tuple[str, str | None, int | None, float | None]]:
+    if accuracy:
+        rated = [("rated", f"r{g % s.keys}", s.limit, s.per) for g in range(s.keys * s.per_key)]
+        return [*rated, *(("plain", None, None, None) for _ in range(s.unlimited))]
+    if not keyed:
+        return [("plain", None, None, None)] * s.jobs
+    return [("rated", f"r{g % s.throughput_keys}", s.throughput_rate, 1.0) for g in range(s.jobs)]
+
+
+def pg_fill(url: str, rows: list[tuple[str, str | None, int | None, float | None]]) -> None:
+    fresh_schema(url, SCHEMA)
+    t = sql.SQL("{}.jobs").format(sql.Identifier(SCHEMA))
+    now = time.time() - 60
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (kind, queue, args, state, max_attempts, priority, run_at, created_at,"
+                " rate_key, rate_limit, rate_per)"
+                " SELECT k, %s, CASE WHEN rk IS NULL THEN '{{}}' ELSE '{{\"key\": \"' || rk || '\"}}' END, 'available', 25, 0,"
+                "  %s + o * 1e-6, %s, rk, rl, rp"
+                " FROM unnest(%s::text[], %s::text[], %s::int[], %s::float8[]) WITH ORDINALITY AS u(k, rk, rl, rp, o)"
+            ).format(t),
+            (QUEUE, now, now, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]),
+        )
+        conn.execute(sql.SQL("VACUUM ANALYZE {}").format(t))
+
+
+def sqlite_fill(path: str, rows: list[tuple[str, str | None, int | None, float | None]]) -> None:
+    import sqlite3
+
+    for suffix in ("", "-wal", "-shm"):
+        Path(path + suffix).unlink(missing_ok=True)
+    nj.run(_nothing, app=nj.App(), backend=f"sqlite:///{path}", queues=[])  # creates the schema
+    now = time.time() - 60
+    with sqlite3.connect(path) as conn:
+        conn.executemany(
+            "INSERT INTO nj_jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at,"
+            " rate_key, rate_limit, rate_per) VALUES (?, ?, ?, 'available', 25, 0, ?, ?, ?, ?, ?)",
+            [(k, QUEUE, "{}" if rk is None else '{"key": "%s"}' % rk, now + o * 1e-6, now, rk, rl, rp)
+             for o, (k, rk, rl, rp) in enumerate(rows)],
+        )  # fmt: skip
+        conn.execute("ANALYZE")
+    conn.close()
+
+
+async def _nothing(rt: nj.Runtime) -> None:
+    return None
+
+
+def memory_jobs(rows: list[tuple[str, str | None, int | None, float | None]]) -> list[NewJob]:
+    return [
+        NewJob(k, QUEUE, "{}" if rk is None else '{"key": "%s"}' % rk, 0, None, 25, None, None, None, rk, rl, rp)
+        for k, rk, rl, rp in rows
+    ]
+
+
+# -- one drain --
+
+
+def drain(backend: str, target: str, s: Sizes, *, accuracy: bool, keyed: bool) -> tuple[float, dict[str, list[float]]]:
+    """(jobs per second of the counted kind, each rate key's recorded starts) for one freshly
+    filled backlog."""
+    gc.collect()  # the previous run's rows are garbage: collected here, not during this run
+    rows = fill_rows(s, accuracy=accuracy, keyed=keyed)
+    target_count = s.keys * s.per_key if accuracy else s.measured
+    box = [Box(target_count, "rated" if accuracy else None)]
+    app = build_app(s.workers, box, s)
+    memory: nj.MemoryBackend | None = None
+    if backend == "postgres":
+        pg_fill(target, rows)
+        where: Any = backend_url(target, SCHEMA)
+    elif backend == "sqlite":
+        sqlite_fill(target, rows)
+        where = f"sqlite:///{target}"
+    else:
+        memory = nj.MemoryBackend()
+        where = memory
+        nj.run(lambda rt: memory.insert_many(memory_jobs(rows)), app=nj.App(), backend=memory, queues=[])
+
+    async def main(rt: nj.Runtime) -> dict[str, list[float]]:
+        with trio.fail_after(600):
+            await box[0].done.wait()
+        starts: dict[str, list[float]] = {}
+        if memory is not None and accuracy:
+            for job_id, (_, rk, _, _) in enumerate(rows, start=1):
+                if rk is not None:
+                    job = await memory.get_job(job_id)
+                    if job.attempted_at is not None:
+                        starts.setdefault(rk, []).append(job.attempted_at)
+        return starts
+
+    starts: dict[str, list[float]] = nj.run(main, app=app, backend=where, grace=0.0)
+    if accuracy and backend != "memory":
+        starts = read_starts(backend, target)
+    b = box[0]
+    return target_count / max(b.last - b.first, 1e-9), starts
+
+
+def read_starts(backend: str, target: str) -> dict[str, list[float]]:
+    if backend == "postgres":
+        with psycopg.connect(target, autocommit=True) as conn:
+            got = conn.execute(
+                sql.SQL("SELECT rate_key, attempted_at FROM {}.jobs WHERE rate_key IS NOT NULL AND attempted_at IS NOT NULL").format(
+                    sql.Identifier(SCHEMA)
+                )
+            ).fetchall()
+    else:
+        import sqlite3
+
+        conn2 = sqlite3.connect(target)
+        got = conn2.execute("SELECT rate_key, attempted_at FROM nj_jobs WHERE rate_key IS NOT NULL AND attempted_at IS NOT NULL").fetchall()
+        conn2.close()
+    starts: dict[str, list[float]] = {}
+    for key, at in got:
+        starts.setdefault(key, []).append(float(at))
+    return starts
+
+
+def window_figures(starts: list[float], limit: int, per: float) -> tuple[float, int, int, float]:
+    """(mean and max starts of the full aligned windows, the worst sliding window, the share of
+    the rate used after the first window)."""
+    s = sorted(starts)
+    t0, end = s[0], s[-1]
+    full = int((end - t0) // per)
+    counts = [0] * max(full, 1)
+    for t in s:
+        i = int((t - t0) // per)
+        if i < full:
+            counts[i] += 1
+    worst, j = 0, 0
+    for i in range(len(s)):  # the most starts in [s[i], s[i] + per)
+        while j < len(s) and s[j] < s[i] + per:
+            j += 1
+        worst = max(worst, j - i)
+    elapsed = (end - t0) / per
+    used = (len(s) - limit) / (elapsed * limit) if elapsed > 0 else 0.0
+    return statistics.mean(counts), max(counts), worst, used
+
+
+# -- the run --
+
+
+def measure(backend: str, target: str, s: Sizes, log: Callable[[str], None]) -> list[list[str]]:
+    _, starts = drain(backend, target, s, accuracy=True, keyed=True)
+    figures = [window_figures(v, s.limit, s.per) for v in starts.values()]
+    mean = statistics.mean(f[0] for f in figures)
+    top = max(f[1] for f in figures)
+    worst = max(f[2] for f in figures)
+    used = statistics.mean(f[3] for f in figures)
+    log(f"  {backend} accuracy: {len(starts)} keys, windows mean {mean:.1f} max {top}, worst sliding {worst}, used {used:.2f}")
+    ratios: list[float] = []
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    for r in range(s.rounds):
+        if r % 2:  # alternate which side runs first: a run warms what the next one uses
+            rate, _ = drain(backend, target, s, accuracy=False, keyed=True)
+            base, _ = drain(backend, target, s, accuracy=False, keyed=False)
+        else:
+            base, _ = drain(backend, target, s, accuracy=False, keyed=False)
+            rate, _ = drain(backend, target, s, accuracy=False, keyed=True)
+        rates[False].append(base)
+        rates[True].append(rate)
+        ratios.append(rate / base)
+        log(f"  {backend} round {r + 1}: unlimited {base:,.0f}/s, rate-keyed {rate:,.0f}/s -> {rate / base:.2f}")
+    return [[
+        backend, f"{s.limit} per {s.per:g} s", f"{mean:.1f} / {top}", str(worst), f"{used:.2f}",
+        f"{statistics.median(rates[True]):,.0f}", f"{statistics.median(rates[False]):,.0f}", f"{statistics.median(ratios):.2f}",
+    ]]  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: only proves the script runs")
+    parser.add_argument("--backends", default=None, help="comma-separated subset of postgres,sqlite,memory")
+    parser.add_argument("--rounds", type=int, default=None, help="throughput rounds (default 4)")
+    args = parser.parse_args(argv)
+    s = QUICK if args.quick else Sizes()
+    if args.backends:
+        s = attrs.evolve(s, backends=tuple(b.strip() for b in args.backends.split(",")))
+    if args.rounds:
+        s = attrs.evolve(s, rounds=args.rounds)
+    print(
+        f"rate limits: accuracy {s.keys} keys x {s.per_key} jobs at {s.limit} per {s.per:g} s before {s.unlimited:,}"
+        f" unlimited; throughput {s.jobs:,} pre-filled over {s.throughput_keys:,} keys; {s.workers} workers"
+    )
+    rows: list[list[str]] = []
+    started = time.perf_counter()
+    try:
+        for backend in s.backends:
+            if backend == "postgres":
+                with throwaway_database("rated") as url:
+                    rows += measure(backend, url, s, print)
+            else:
+                with tempfile.TemporaryDirectory() as folder:
+                    rows += measure(backend, str(Path(folder) / "jobs.db"), s, print)
+    except PgUnavailable as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    header = ["backend", "rate", "starts per window (mean / max)", "worst window", "used",
+              "rate-keyed jobs/s", "unlimited jobs/s", "ratio"]  # fmt: skip
+    print()
+    print(render_table([header, *rows]))
+    print(f"\n({time.perf_counter() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

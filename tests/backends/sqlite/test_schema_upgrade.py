@@ -1,0 +1,63 @@
+"""A SQLite file of an older schema version is upgraded in place when opened: version 1 (no
+limits) and version 2 (concurrency keys, no rate keys) both become version 3, keep their jobs,
+and take rate-keyed jobs at once."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+import trio
+
+from nursery_jobs.backends import NewJob
+from nursery_jobs.backends.sqlite import SCHEMA_VERSION, SqliteBackend
+
+
+def _downgrade(path: str, version: int) -> None:
+    """The file as that version left it: its columns, its version number, one pending job."""
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("ALTER TABLE nj_jobs DROP COLUMN rate_key")
+        conn.execute("ALTER TABLE nj_jobs DROP COLUMN rate_limit")
+        conn.execute("ALTER TABLE nj_jobs DROP COLUMN rate_per")
+        conn.execute("DROP TABLE nj_rate")
+        if version == 1:
+            conn.execute("DROP INDEX nj_jobs_running_key")
+            conn.execute("ALTER TABLE nj_jobs DROP COLUMN concurrency_key")
+            conn.execute("ALTER TABLE nj_jobs DROP COLUMN max_concurrent")
+        conn.execute("UPDATE nj_meta SET value = ? WHERE key = 'schema_version'", (str(version),))
+        conn.execute(
+            "INSERT INTO nj_jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at)"
+            " VALUES ('old', 'q', '{}', 'available', 3, 0, 0, 0)"
+        )
+        conn.commit()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+async def test_an_older_file_is_upgraded_and_takes_rate_keyed_jobs(tmp_path, version: int, autojump_clock) -> None:
+    path = str(tmp_path / "jobs.db")
+    backend = SqliteBackend(path, clock=trio.current_time)
+    await backend.open()
+    await backend.close()
+    _downgrade(path, version)
+
+    backend = SqliteBackend(path, clock=trio.current_time)
+    await backend.open()
+    try:
+        await backend.insert_many([NewJob("new", "q", "{}", 0, None, 3, None, None, None, "k", 1, 60.0) for _ in range(2)])
+        first = await backend.claim("q", 10)
+        second = await backend.claim("q", 10)
+    finally:
+        await backend.close()
+    conn = sqlite3.connect(path)
+    try:
+        (stored,) = conn.execute("SELECT value FROM nj_meta WHERE key = 'schema_version'").fetchone()
+        (records,) = conn.execute("SELECT count(*) FROM nj_rate").fetchone()
+    finally:
+        conn.close()
+    assert SCHEMA_VERSION == 3 and stored == "3"
+    assert sorted(j.kind for j in first.jobs) == ["new", "old"]  # the old job, and one start of the key
+    assert second.jobs == [] and second.next_due is not None  # the key's second job waits for its slot
+    assert records == 1
