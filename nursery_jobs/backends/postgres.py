@@ -114,6 +114,7 @@ _MIN_STATEMENT_TIMEOUT = 0.001
 _MAX_STATEMENT_TIMEOUT = 2_147_483  # seconds: INT_MAX milliseconds, rounded down
 _NOTIFY_IDS_PER_PAYLOAD = 400  # NOTIFY payloads are limited to 8000 bytes
 _STATES = {s.value: s for s in JobState}
+_tuple_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 POOL_SESSION = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off", "jit": "off"}
 """Settings of every pooled connection, which runs only the runtime's own statements.
 
@@ -527,8 +528,9 @@ class PostgresBackend:
         self._listeners.remove(listener)
 
     def _emit(self, events: Sequence[BackendEvent]) -> None:
+        listeners = tuple(self._listeners)  # once per batch, not per event
         for event in events:
-            for listener in tuple(self._listeners):
+            for listener in listeners:
                 listener(event)
 
     def check_budget(self, workers: int) -> None:
@@ -632,10 +634,13 @@ class PostgresBackend:
         if kind == "o":
             self._emit([OutboxPublished()])
             return
-        events: list[BackendEvent] = []
-        for text in ids.split(","):
-            if text.isdigit():
-                events.append(JobFinalized(int(text), None) if kind == "f" else CancelRequested(int(text), False))
+        # Another process's outcome batch names up to 400 finalized ids: one event each, built
+        # without the NamedTuple's Python-level __new__ (every process reads every batch).
+        events: list[BackendEvent]
+        if kind == "f":
+            events = [_tuple_new(JobFinalized, (int(text), None, None)) for text in ids.split(",") if text.isdecimal()]
+        else:
+            events = [CancelRequested(int(text), False) for text in ids.split(",") if text.isdecimal()]
         self._emit(events)
 
     # -- protocol --
@@ -832,20 +837,26 @@ class PostgresBackend:
         }
         q = self._q["finish"]
         rows = await self._run(lambda c: _all(c, q, params))
+        # One JobFinalized per row (the ids are distinct: one row per job), and each queue's
+        # wake-ups once per batch (a batch's rows share them). Built per row, so kept lean: no
+        # hashing of the finalized events, each NamedTuple built without its Python __new__.
         events: list[BackendEvent] = []
+        wakes: dict[JobsAvailable, None] = {}
         for job_id, queue, state, run_at, message, key in rows:
             st = _STATES[state]
             if st.final:
-                events.append(JobFinalized(job_id, st, message))
+                events.append(_tuple_new(JobFinalized, (job_id, st, message)))
                 if key is not None:
-                    events.append(JobsAvailable(queue))  # its slot is free
+                    wakes[JobsAvailable(queue)] = None  # its slot is free
             elif run_at <= now:
-                events.append(JobsAvailable(queue))
+                wakes[JobsAvailable(queue)] = None
             else:
-                events.append(JobsAvailable(queue, run_at))
+                wakes[JobsAvailable(queue, run_at)] = None
                 if key is not None:
-                    events.append(JobsAvailable(queue))  # its slot is free
-        self._emit(list(dict.fromkeys(events)))  # a batch's rows share their queues' wake-ups
+                    wakes[JobsAvailable(queue)] = None  # its slot is free
+        if wakes:
+            events += wakes
+        self._emit(events)
 
     async def _notify(self, ids: list[int], queues: list[str], kind: str) -> None:
         channels: list[str] = []
