@@ -538,6 +538,8 @@ class App:
         poll_interval: float | None = None,
         global_max_workers: int | None = None,
         claim_ahead: bool = True,
+        max_length: int | None = None,
+        push_timeout: float = 5.0,
     ) -> QueueConfig:
         """Declare a queue with its own pool of `max_workers` and per-attempt `timeout` seconds.
 
@@ -555,6 +557,12 @@ class App:
         (see "Ordering" in the guarantees for what that changes); False claims only for idle
         workers, and starts jobs in the strict claim order whenever a worker frees.
 
+        `max_length`: a bounded queue. An enqueue that would make more than `max_length` jobs
+        of the queue wait to start (available, scheduled or retryable; running jobs do not
+        count) waits up to `push_timeout` seconds (default 5) for jobs to start, then raises
+        `QueueFull`; `enqueue_tx`, the outbox relay and the periodic scheduler never wait
+        (docs/queues.md). None, the default: unbounded, at no cost.
+
         Raises `ConfigError` for a bad value or a queue declared twice.
         """
         if name in self._declared:
@@ -565,6 +573,8 @@ class App:
             name, max_workers=max_workers, timeout=timeout, poll_interval=poll_interval,
             global_max_workers=global_max_workers, claim_ahead=claim_ahead,
         )  # fmt: skip
+        if max_length is not None or push_timeout != 5.0:
+            cfg = attrs.evolve(cfg, max_length=max_length, push_timeout=push_timeout)
         self._queues[name] = cfg
         self._declared.add(name)
         return cfg

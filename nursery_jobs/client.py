@@ -12,6 +12,7 @@ cancelled); if the call returns, it happened exactly once.
 from __future__ import annotations
 
 import datetime
+import math
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
@@ -20,10 +21,12 @@ import trio
 
 from .app import App, EnqueueOptions, JobKind
 from .backends import Backend, NewJob, Outbox, QueueCounts, TransactionalEnqueue
-from .config import check_name
+from .backends.transitions import check_batch
+from .config import PUSH_POLL, check_name
 from .coordination.receipts import Receipts
 from .config import DEFAULT_QUEUE
-from .errors import ConfigError, RuntimeClosed
+from .errors import ConfigError, QueueFull, RuntimeClosed
+from .infra.sync import Wakeup
 from .infra.threads import ThreadBudget
 from .jobs import Job, JobId, JobState, Receipt, _ExistingJobId, check_job_id, encode_payload
 
@@ -77,8 +80,30 @@ class Client:
         self.receipts = receipts
         self.threads = threads
         """`run_blocking`'s threads in this runtime (its limiter and the calls in flight)."""
-        self.closing = False
+        self._closing = False
+        self.bounds: dict[str, int] = {
+            name: cfg.max_length for name, cfg in app.queues.items() if cfg.max_length is not None
+        }
+        """The app's bounded queues and their `max_length` (empty: none, and enqueue pays nothing)."""
+        self._room_waiters: set[Wakeup] = set()
+        """Enqueues waiting for room in a full bounded queue (woken at once by shutdown, and when
+        an enqueue of this process found room)."""
+        self._full_at: dict[str, float] = {}
+        """Per bounded queue, when an enqueue of this process last found it full: a waiting
+        enqueue does not try again sooner than its own poll delay after that, so a crowd of
+        waiters costs the store about one attempt per poll, not one per waiter."""
+
+    @property
+    def closing(self) -> bool:
         """True once shutdown began: no new job is accepted."""
+        return self._closing
+
+    @closing.setter
+    def closing(self, value: bool) -> None:
+        self._closing = value
+        if value:
+            for waiter in tuple(self._room_waiters):
+                waiter.set()
 
     # -- enqueue --
 
@@ -118,9 +143,84 @@ class Client:
         if not jobs:
             await trio.lowlevel.cancel_shielded_checkpoint()
             return []
-        results = await self.backend.insert_many(jobs)
+        bounds = self._bounds_for(jobs) if self.bounds else None
+        if bounds:
+            results = await self._insert_bounded(jobs, bounds)
+        else:
+            results = await self.backend.insert_many(jobs)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return [_ExistingJobId(i) if existing else JobId(i) for i, existing in results]
+
+    def _bounds_for(self, jobs: Sequence[NewJob]) -> dict[str, int]:
+        """The bounded queues among `jobs`' and their `max_length`; `QueueFull` at once for a
+        batch that could never fit one (its jobs, one per distinct unique key, over the bound)."""
+        bounds = self.bounds
+        if len(jobs) == 1:
+            queue = jobs[0].queue
+            return {queue: bounds[queue]} if queue in bounds else {}
+        out: dict[str, int] = {}
+        plain: dict[str, int] = {}
+        keys: dict[str, set[str]] = {}
+        for job in jobs:
+            if job.queue in bounds:
+                out[job.queue] = bounds[job.queue]
+                if job.unique_key is None:
+                    plain[job.queue] = plain.get(job.queue, 0) + 1
+                else:
+                    keys.setdefault(job.queue, set()).add(job.unique_key)
+        for queue, limit in out.items():
+            check_batch(queue, plain.get(queue, 0) + len(keys.get(queue, ())), limit)
+        return out
+
+    async def _insert_bounded(self, jobs: Sequence[NewJob], bounds: Mapping[str, int]) -> list[Any]:
+        """`insert_many` into bounded queues: while the backend answers `QueueFull`, look again
+        after a short poll (`PUSH_POLL`: 10 ms doubling to 250 ms), until the queue's
+        `push_timeout` has passed (the longest of the batch's queues), then raise `QueueFull`
+        saying what to do. A poll is skipped when another enqueue of this process found the queue
+        full within this one's poll delay (`_full_at`); an enqueue that finds room wakes the
+        others. Shutdown ends the wait at once (`RuntimeClosed`). Nothing is enqueued unless the
+        call returns."""
+        timeout = max(self.app.queues[queue].push_timeout for queue in bounds)
+        deadline = trio.current_time() + timeout
+        delay, longest = PUSH_POLL
+        waker = Wakeup()
+        full: QueueFull | None = None
+        while True:
+            last_full = max((self._full_at.get(queue, -math.inf) for queue in bounds), default=-math.inf)
+            if full is None or trio.current_time() - last_full >= delay:
+                try:
+                    results = await self.backend.insert_many(jobs, bounds)
+                except QueueFull as exc:
+                    full = exc
+                    self._full_at[exc.queue] = trio.current_time()
+                else:
+                    for queue in bounds:
+                        self._full_at.pop(queue, None)
+                    for other in tuple(self._room_waiters):  # there was room: the others look again now
+                        other.set()
+                    return results
+            left = deadline - trio.current_time()
+            if left <= 0:
+                raise QueueFull(
+                    f"{full}; it stayed full for the queue's push_timeout of {timeout:g} s and nothing was "
+                    "enqueued. Add workers (or processes) for the queue, raise its max_length, or treat this "
+                    "as backpressure: retry later, or answer the request with \"busy\"",
+                    queue=full.queue,
+                    max_length=full.max_length,
+                    pending=full.pending,
+                ) from None
+            self._room_waiters.add(waker)
+            try:
+                with trio.move_on_after(min(delay, left)):
+                    await waker.wait()
+            finally:
+                self._room_waiters.discard(waker)
+            if self.closing:
+                raise RuntimeClosed(
+                    f"the runtime began shutting down while this enqueue waited for room in queue "
+                    f"{full.queue!r} (max_length {full.max_length}); nothing was enqueued"
+                ) from None
+            delay = min(delay * 2, longest)
 
     async def enqueue(
         self,
@@ -177,7 +277,21 @@ class Client:
         backend = self._transactional("enqueue_tx")
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
-        results = await backend.insert_tx(conn, jobs)
+        bounds = self._bounds_for(jobs) if self.bounds else None
+        if not bounds:
+            results = await backend.insert_tx(conn, jobs)
+        else:
+            try:
+                results = await backend.insert_tx(conn, jobs, bounds)
+            except QueueFull as full:
+                raise QueueFull(
+                    f"{full}; enqueue_tx does not wait for room (it would hold your transaction open), and "
+                    "nothing was enqueued: roll back, or commit without the job and enqueue it later; add "
+                    "workers for the queue or raise its max_length if this is not a burst",
+                    queue=full.queue,
+                    max_length=full.max_length,
+                    pending=full.pending,
+                ) from None
         return [_ExistingJobId(i) if existing else JobId(i) for i, existing in results]
 
     async def enqueue_tx(

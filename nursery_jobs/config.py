@@ -17,6 +17,8 @@
 | `keep_completed` / `keep_cancelled` / `keep_discarded` | 24 h / 24 h / 7 days | final jobs are deleted this long after they ended | River's periods: discarded jobs are what an operator investigates, so they stay longest |
 | `retention_interval` | 5 min (at least 1 s) | how often retention runs | deletes in small, frequent batches instead of one large sweep; a shorter interval only spins a DELETE loop |
 | `blocked_loop_warning` | 0.25 s | a task step that holds the Trio loop longer is logged as a warning naming its job (id, kind, queue) and how long it held the loop; `None` turns the watch off | a quarter second is a stall a user notices, and far above any step that awaits as it should (microseconds) or a garbage collection; the watch costs about 4 % of a no-op job's CPU, less of any real job's, so it is on by default |
+| `max_length` (per queue) | None: unbounded | jobs of the queue waiting to start (available, scheduled, retryable) past which an enqueue waits, then fails with `QueueFull` | Gitea's bounded queue: a backlog that grows without bound is an outage that has not been noticed yet; the bound turns it into an error at the producer |
+| `push_timeout` (per queue) | 5 s (0 to 3,600 s) | how long `enqueue`/`enqueue_many` wait for room in a full bounded queue before `QueueFull`; `enqueue_tx`, the relay and the periodic scheduler never wait | Gitea's `pushBlockTime`: the caller is often a request, which must never hang on a full queue; a few seconds absorb a burst, longer is an outage |
 | `relay_batch` | 200 | outbox rows one relay pass claims at most (one short transaction each) | a 2,000-event import becomes ten short transactions, never one long one that holds locks and a connection; 200 rows are a few milliseconds of inserts |
 | `relay_interval` | 1 s (at least 0.01 s) | how often a relay looks for events when no wake-up came | a publish wakes its own process's relay at once and, on PostgreSQL, every other's by NOTIFY; the poll covers a lost or absent wake-up (SQLite's other processes, a caller's own connection) |
 | `poll_interval` | backend's (memory: none; SQLite and PostgreSQL: 1 s); at least 0.01 s | fallback fetch when no wake-up arrives, and how often a receipt awaited in another process looks again; `QueueConfig.poll_interval` overrides per queue (awaited queues: 0.1 s) | wake-ups from other processes can be lost or absent; polling bounds the delay |
@@ -213,6 +215,37 @@ class QueueConfig:
             check_limit("global_max_workers", value)
     claim_ahead: bool = attrs.field(default=True, validator=_flag)
     """Claim jobs for workers still running (durable backends, queues of 2 workers or more)."""
+    max_length: int | None = attrs.field(default=None)
+    """At most this many jobs of the queue wait to start (available, scheduled, retryable) for
+    an enqueue to be accepted (None: no bound); see `transitions.check_room`."""
+    push_timeout: float = attrs.field(default=5.0)
+    """How long `enqueue` waits for room in a full bounded queue before `QueueFull`."""
+
+    @max_length.validator
+    def _check_max_length(self, _attr: attrs.Attribute[Any], value: Any) -> None:
+        if value is not None:
+            check_limit("max_length", value)
+
+    @push_timeout.validator
+    def _check_push_timeout(self, _attr: attrs.Attribute[Any], value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ConfigError(
+                f"push_timeout must be a finite number of seconds >= 0 (0: never wait), not {value!r}; "
+                "an enqueue into a full queue never waits without a bound"
+            )
+        if value > MAX_PUSH_TIMEOUT:
+            raise ConfigError(
+                f"push_timeout must be at most {MAX_PUSH_TIMEOUT:g} s, not {value!r}: an enqueue holds its caller "
+                "(often a request) while it waits"
+            )
+
+
+PUSH_POLL = (0.01, 0.25)
+"""An enqueue waiting for room in a full queue looks again after 10 ms, doubling up to 250 ms
+(Gitea's Redis queue: 50 ms to 2 s): room made by any process is seen within 250 ms, and a
+waiter costs at most four insert attempts a second."""
+MAX_PUSH_TIMEOUT = 3600.0
+"""The longest `push_timeout`: an hour is already far past any request's patience."""
 
 
 @attrs.frozen

@@ -17,6 +17,7 @@ __all__ = [
     "LockTimeout",
     "NotIdempotent",
     "NurseryJobsError",
+    "QueueFull",
     "ResourceError",
     "RuntimeClosed",
     "UnknownJob",
@@ -65,6 +66,23 @@ class BackendError(NurseryJobsError, RuntimeError):
 
 class RuntimeClosed(NurseryJobsError, RuntimeError):
     """The runtime is shutting down or closed, or there is no runtime in this context."""
+
+
+class QueueFull(NurseryJobsError, RuntimeError):
+    """An enqueue into a queue declared with `max_length` found it full: `pending` jobs of the
+    queue were waiting to start (available, scheduled or retryable), and the new ones would
+    take it past `max_length`. `enqueue` and `enqueue_many` raise it once the queue stayed full
+    for the queue's `push_timeout`; `enqueue_tx`, the outbox relay and the periodic scheduler
+    at once (docs/queues.md). Nothing of the call was enqueued. Raise `max_length`, add
+    workers, or treat it as backpressure: retry later, or answer the request with "busy"."""
+
+    def __init__(self, message: str, *, queue: str, max_length: int, pending: int) -> None:
+        super().__init__(message)
+        self.queue = queue
+        self.max_length = max_length
+        self.pending = pending
+        """The queue's pending jobs as the last check counted them (with the call's own new
+        jobs in, for a check made after inserting them)."""
 
 
 class LockTimeout(NurseryJobsError, TimeoutError):

@@ -156,7 +156,9 @@ class Runtime(Client):
         """The outbox relay (None when the app subscribes to nothing or the backend has no
         outbox); its own service set, started after the others and stopped first."""
         if router.topics and isinstance(backend, Outbox):
-            self.relay = Relay(backend, router, batch=settings.relay_batch, interval=settings.relay_interval)
+            self.relay = Relay(
+                backend, router, batch=settings.relay_batch, interval=settings.relay_interval, bounds=self.bounds
+            )
         self.relay_service = ServiceSet([self.relay] if self.relay is not None else [])
         schedules = list(app.periodic_schedules.values())
         if schedules and not isinstance(backend, ScheduleStore):
@@ -165,7 +167,7 @@ class Runtime(Client):
                 f"{backend.url!r} cannot store them (it does not implement ScheduleStore)"
             )
         self.scheduler = (
-            Scheduler(backend, schedules, closing=lambda: self.closing)  # type: ignore[arg-type]
+            Scheduler(backend, schedules, closing=lambda: self.closing, bounds=self.bounds)  # type: ignore[arg-type]
             if schedules
             else None
         )

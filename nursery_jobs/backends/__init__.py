@@ -9,6 +9,7 @@ from __future__ import annotations
 from .protocol import (
     Backend,
     BackendEvent,
+    Bounds,
     CancelRequested,
     ClaimedJob,
     ClaimResult,
@@ -36,6 +37,7 @@ from .registry import open_backend, register
 __all__ = [
     "Backend",
     "BackendEvent",
+    "Bounds",
     "CancelRequested",
     "ClaimResult",
     "ClaimedJob",

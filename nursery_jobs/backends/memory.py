@@ -45,10 +45,12 @@ from ..errors import ConfigError, JobNotFound
 from ..jobs import MAX_ERRORS_KEPT, Job, JobError, JobState, decode_args
 from .rows import rescue_message
 from .transitions import (
-    CancelAction, admit, admit_rated, after_outcome, after_rescue, on_cancel, rate_idle, rate_log, rate_slot, unparks,
+    PENDING, CancelAction, admit, admit_rated, after_outcome, after_rescue, check_room, on_cancel, rate_idle, rate_log,
+    rate_slot, unparks,
 )  # fmt: skip
 from .protocol import (
     BackendEvent,
+    Bounds,
     CancelRequested,
     ClaimedJob,
     ClaimResult,
@@ -141,7 +143,7 @@ class MemoryTransaction:
     """What `rt.transaction()` yields on the memory backend: the jobs enqueued in it, shown
     at its commit. It runs no SQL (a service's own rows need a database)."""
 
-    __slots__ = ("backend", "events", "jobs", "open", "results")
+    __slots__ = ("backend", "events", "jobs", "open", "reserved", "results")
 
     def __init__(self, backend: MemoryBackend) -> None:
         self.backend = backend
@@ -149,6 +151,8 @@ class MemoryTransaction:
         """Outbox events published in it, stored at its commit."""
         self.jobs: list[NewJob] = []
         self.results: list[InsertResult] = []
+        self.reserved: dict[str, int] = {}
+        """New jobs of bounded queues in it: counted toward their queues' length until it ends."""
         self.open = True
 
     def __repr__(self) -> str:
@@ -186,6 +190,9 @@ class MemoryBackend:
         self._outbox: dict[int, tuple[str, str]] = {}
         """Outbox events not relayed yet, by id (in publish order)."""
         self._next_event = 1
+        self._reserved: dict[str, int] = {}
+        """Per bounded queue, the new jobs of transactions still open (`MemoryTransaction.reserved`):
+        they count toward its length already, as a durable backend's would under its lock."""
         self._schedules: dict[str, ScheduleState] = {}
         self._locks: dict[str, tuple[str, float]] = {}
         self._wall_offset: float | None = None
@@ -231,11 +238,11 @@ class MemoryBackend:
         if held is not None and held[0] == owner:
             del self._locks[name]
 
-    async def enqueue_tick(self, name: str, tick: float, job: NewJob) -> InsertResult | None:
+    async def enqueue_tick(self, name: str, tick: float, job: NewJob, bounds: Bounds | None = None) -> InsertResult | None:
         state = self._schedules.get(name)
         if state is not None and state.last_tick is not None and tick <= state.last_tick:
             return None
-        (result,) = await self.insert_many([job])  # never yields: the two changes are one
+        (result,) = await self.insert_many([job], bounds)  # never yields: the two changes are one
         self._schedules[name] = ScheduleState(tick, result.id)
         return result
 
@@ -336,10 +343,42 @@ class MemoryBackend:
         errors = row.errors
         return _tuple_new(JobFinalized, (row.id, state, errors[-1].message if errors else None))
 
-    async def insert_many(self, jobs: Sequence[NewJob]) -> list[InsertResult]:
+    async def insert_many(self, jobs: Sequence[NewJob], bounds: Bounds | None = None) -> list[InsertResult]:
+        if bounds:
+            self._check_room(jobs, bounds)
         results = self._admit(jobs)
         self._store(jobs, results, self.now())
         return results
+
+    def _check_room(self, jobs: Sequence[NewJob], bounds: Bounds) -> dict[str, int]:
+        """`transitions.check_room` for each bounded queue of `jobs`, counting the jobs that
+        would be new (a unique key held, or met before in the batch, makes none); returns the
+        new jobs per bounded queue. Changes nothing."""
+        new: dict[str, int] = {}
+        keys: set[str] = set()
+        for job in jobs:
+            if job.queue not in bounds:
+                continue
+            key = job.unique_key
+            if key is not None:
+                if key in self._unique or key in keys:
+                    continue
+                keys.add(key)
+            new[job.queue] = new.get(job.queue, 0) + 1
+        for queue, n in new.items():
+            q = self._queues.get(queue)
+            pending = sum(q.counts[state] for state in PENDING) if q is not None else 0
+            check_room(queue, pending + self._reserved.get(queue, 0) + n, bounds[queue])
+        return new
+
+    def _release(self, tx: MemoryTransaction) -> None:
+        for queue, n in tx.reserved.items():
+            left = self._reserved[queue] - n
+            if left:
+                self._reserved[queue] = left
+            else:
+                del self._reserved[queue]
+        tx.reserved.clear()
 
     def _admit(self, jobs: Sequence[NewJob]) -> list[InsertResult]:
         """Each job's id: a unique key held by a job that is not final gives the holder's id
@@ -396,16 +435,18 @@ class MemoryBackend:
             yield tx
         except BaseException:
             tx.open = False
+            self._release(tx)
             for new, (job_id, existing) in zip(tx.jobs, tx.results):
                 if not existing and new.unique_key is not None and self._unique.get(new.unique_key) == job_id:
                     del self._unique[new.unique_key]
             raise
         tx.open = False
+        self._release(tx)
         self._store(tx.jobs, tx.results, self.now())
         if tx.events:
             self._add_events(tx.events)
 
-    async def insert_tx(self, conn: Any, jobs: Sequence[NewJob]) -> list[InsertResult]:
+    async def insert_tx(self, conn: Any, jobs: Sequence[NewJob], bounds: Bounds | None = None) -> list[InsertResult]:
         if not isinstance(conn, MemoryTransaction) or conn.backend is not self:
             raise ConfigError(
                 "enqueue_tx on the memory backend takes the transaction of "
@@ -413,6 +454,10 @@ class MemoryBackend:
             )
         if not conn.open:
             raise ConfigError("enqueue_tx: this transaction has ended; enqueue inside its `async with` block")
+        if bounds:
+            for queue, n in self._check_room(jobs, bounds).items():
+                conn.reserved[queue] = conn.reserved.get(queue, 0) + n
+                self._reserved[queue] = self._reserved.get(queue, 0) + n
         results = self._admit(jobs)
         conn.jobs.extend(jobs)
         conn.results.extend(results)
@@ -440,7 +485,7 @@ class MemoryBackend:
             raise ConfigError("publish: this transaction has ended; publish inside its `async with` block")
         conn.events.extend(events)
 
-    async def relay(self, topics: Sequence[str], route: Route, limit: int) -> int:
+    async def relay(self, topics: Sequence[str], route: Route, limit: int, bounds: Bounds | None = None) -> int:
         # Never yields: the pass is atomic, as a durable backend's transaction is.
         wanted = set(topics)
         claimed = list(
@@ -451,6 +496,8 @@ class MemoryBackend:
         if not claimed:
             return 0
         jobs = [job for made in route(claimed) for job in made]
+        if bounds:
+            self._check_room(jobs, bounds)  # QueueFull: the events stay
         for event in claimed:
             del self._outbox[event.id]
         if jobs:

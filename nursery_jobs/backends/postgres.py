@@ -85,6 +85,7 @@ from ..errors import BackendError, BackendUnavailable, ConfigError, JobNotFound
 from ..jobs import MAX_ERRORS_KEPT, Job, JobState
 from .protocol import (
     BackendEvent,
+    Bounds,
     CancelRequested,
     ClaimedJob,
     ClaimResult,
@@ -102,7 +103,7 @@ from .protocol import (
     ScheduleState,
 )
 from .rows import counts_from_rows, job_from_row
-from .transitions import sql_case
+from .transitions import check_room, sql_case
 
 log = logging.getLogger("nursery_jobs")
 
@@ -115,6 +116,7 @@ _MIN_STATEMENT_TIMEOUT = 0.001
 _MAX_STATEMENT_TIMEOUT = 2_147_483  # seconds: INT_MAX milliseconds, rounded down
 _NOTIFY_IDS_PER_PAYLOAD = 400  # NOTIFY payloads are limited to 8000 bytes
 _STATES = {s.value: s for s in JobState}
+_tuple_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 POOL_SESSION = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off", "jit": "off"}
 """Settings of every pooled connection, which runs only the runtime's own statements.
 
@@ -425,7 +427,9 @@ class PostgresBackend:
         # statement is parsed, not per row).
         seq = sql.Literal(f'"{schema}".jobs_id_seq')
         # Rendered once: psycopg would compose a `sql.Composed` again on every call.
-        self._q = {name: q.format(s=ident, seq=seq).as_bytes(None) for name, q in _QUERIES.items()}
+        self._q = {
+            name: q.format(s=ident, seq=seq, schema_text=sql.Literal(schema)).as_bytes(None) for name, q in _QUERIES.items()
+        }
 
     def __repr__(self) -> str:
         return f"<PostgresBackend {self.url}>"
@@ -526,8 +530,9 @@ class PostgresBackend:
         self._listeners.remove(listener)
 
     def _emit(self, events: Sequence[BackendEvent]) -> None:
+        listeners = tuple(self._listeners)  # once per batch, not per event
         for event in events:
-            for listener in tuple(self._listeners):
+            for listener in listeners:
                 listener(event)
 
     def check_budget(self, workers: int) -> None:
@@ -631,22 +636,25 @@ class PostgresBackend:
         if kind == "o":
             self._emit([OutboxPublished()])
             return
-        events: list[BackendEvent] = []
-        for text in ids.split(","):
-            if text.isdigit():
-                events.append(JobFinalized(int(text), None) if kind == "f" else CancelRequested(int(text), False))
+        # Another process's outcome batch names up to 400 finalized ids: one event each, built
+        # without the NamedTuple's Python-level __new__ (every process reads every batch).
+        events: list[BackendEvent]
+        if kind == "f":
+            events = [_tuple_new(JobFinalized, (int(text), None, None)) for text in ids.split(",") if text.isdecimal()]
+        else:
+            events = [CancelRequested(int(text), False) for text in ids.split(",") if text.isdecimal()]
         self._emit(events)
 
     # -- protocol --
 
-    async def insert_many(self, jobs: Sequence[NewJob]) -> list[InsertResult]:
+    async def insert_many(self, jobs: Sequence[NewJob], bounds: Bounds | None = None) -> list[InsertResult]:
         if not jobs:
             await trio.lowlevel.checkpoint()
             return []
         now = self.now()
         run_ats = [now if j.run_at is None or j.run_at < now else j.run_at for j in jobs]
         results: list[InsertResult] = await self._run(
-            lambda c: self._insert(_TrioSession(c), jobs, run_ats, now), retry=False
+            lambda c: self._insert(_TrioSession(c), jobs, run_ats, now, bounds), retry=False
         )
         if len(results) == 1:  # the common case, without the sets of `_emit_inserted`
             if not results[0].existing:
@@ -655,13 +663,43 @@ class PostgresBackend:
         self._emit_inserted(jobs, run_ats, results, now)
         return results
 
-    async def _insert(self, s: _Session, jobs: Sequence[NewJob], run_ats: list[float], now: float) -> list[InsertResult]:
+    async def _insert(
+        self,
+        s: _Session,
+        jobs: Sequence[NewJob],
+        run_ats: list[float],
+        now: float,
+        bounds: Bounds | None = None,
+        *,
+        serialize: bool = True,
+    ) -> list[InsertResult]:
         """The jobs' rows, on session `s`: a pooled connection of the backend's own, the one
         `transaction()` lent, or the caller's (`insert_tx`). One code for all of them, so a
         job stored in a transaction is the job `insert_many` stores. Each statement queues the
-        wake-up NOTIFY of its queues, sent at the commit (at once on an autocommit session)."""
+        wake-up NOTIFY of its queues, sent at the commit (at once on an autocommit session).
+
+        With `bounds` for a queue of the batch: in one transaction (a savepoint inside one
+        already open), take each bounded queue's enqueue lock (`serialize`: a transaction-level
+        advisory lock, in queue order, held to the commit), insert the rows, then count each
+        bounded queue's pending jobs with them, at most `max_length + 1` (`count_pending`: two
+        index-only reads of the pending rows' partial indexes, so the cost grows with the bound,
+        never with the table), and let `transitions.check_room` decide; `QueueFull` rolls the
+        rows back. Under the lock the count is a new statement, and so (READ COMMITTED) sees
+        every enqueue of the queue that committed before the lock was granted: exact."""
         if not jobs:
             return []
+        if bounds and any(j.queue in bounds for j in jobs):
+            queues = sorted({j.queue for j in jobs if j.queue in bounds})
+            async with _atomic(s):
+                if serialize:
+                    await s.one(self._q["lock_queue"], (queues,))
+                results = await self._insert(s, jobs, run_ats, now)
+                for queue in queues:
+                    limit = bounds[queue]
+                    row = await s.one(self._q["count_pending"], (queue, limit + 1, queue, limit + 1))
+                    assert row is not None
+                    check_room(queue, int(row[0]), limit)
+            return results
         if any(j.unique_key is not None for j in jobs):
             if len(jobs) == 1:
                 return [await self._insert_one(s, jobs[0], run_ats[0], now)]
@@ -808,20 +846,26 @@ class PostgresBackend:
         }
         q = self._q["finish"]
         rows = await self._run(lambda c: _all(c, q, params))
+        # One JobFinalized per row (the ids are distinct: one row per job), and each queue's
+        # wake-ups once per batch (a batch's rows share them). Built per row, so kept lean: no
+        # hashing of the finalized events, each NamedTuple built without its Python __new__.
         events: list[BackendEvent] = []
+        wakes: dict[JobsAvailable, None] = {}
         for job_id, queue, state, run_at, message, key in rows:
             st = _STATES[state]
             if st.final:
-                events.append(JobFinalized(job_id, st, message))
+                events.append(_tuple_new(JobFinalized, (job_id, st, message)))
                 if key is not None:
-                    events.append(JobsAvailable(queue))  # its slot is free
+                    wakes[JobsAvailable(queue)] = None  # its slot is free
             elif run_at <= now:
-                events.append(JobsAvailable(queue))
+                wakes[JobsAvailable(queue)] = None
             else:
-                events.append(JobsAvailable(queue, run_at))
+                wakes[JobsAvailable(queue, run_at)] = None
                 if key is not None:
-                    events.append(JobsAvailable(queue))  # its slot is free
-        self._emit(list(dict.fromkeys(events)))  # a batch's rows share their queues' wake-ups
+                    wakes[JobsAvailable(queue)] = None  # its slot is free
+        if wakes:
+            events += wakes
+        self._emit(events)
 
     async def _notify(self, ids: list[int], queues: list[str], kind: str) -> None:
         channels: list[str] = []
@@ -969,7 +1013,7 @@ class PostgresBackend:
         q = self._q["release_lock"]
         await self._run(lambda c: _exec(c, q, (name, owner)))
 
-    async def enqueue_tick(self, name: str, tick: float, job: NewJob) -> InsertResult | None:
+    async def enqueue_tick(self, name: str, tick: float, job: NewJob, bounds: Bounds | None = None) -> InsertResult | None:
         now = self.now()
         run_at = now if job.run_at is None or job.run_at < now else job.run_at
 
@@ -977,7 +1021,7 @@ class PostgresBackend:
             async with conn.transaction():
                 if await _one(conn, self._q["advance_tick"], (name, tick)) is None:
                     return None
-                (result,) = await self._insert(_TrioSession(conn), [job], [run_at], now)
+                (result,) = await self._insert(_TrioSession(conn), [job], [run_at], now, bounds)
                 if not result.existing:
                     await _exec(conn, self._q["tick_job"], (result.id, name))
                 return result
@@ -1083,7 +1127,7 @@ class PostgresBackend:
         finally:
             slots.release()
 
-    async def insert_tx(self, conn: Any, jobs: Sequence[NewJob]) -> list[InsertResult]:
+    async def insert_tx(self, conn: Any, jobs: Sequence[NewJob], bounds: Bounds | None = None) -> list[InsertResult]:
         now = self.now()
         run_ats = [now if j.run_at is None or j.run_at < now else j.run_at for j in jobs]
         staged = None
@@ -1096,7 +1140,11 @@ class PostgresBackend:
                 )
         session = self._session_for(conn)
         try:
-            results = await self._insert(session, jobs, run_ats, now)
+            # In a caller's transaction the queue's lock would be held until the caller ends it,
+            # stopping every other enqueue of the queue meanwhile: the check counts what has
+            # committed (and this transaction's own jobs) without it (docs/queues.md). On an
+            # autocommit connection the insert is a short transaction of its own: locked, exact.
+            results = await self._insert(session, jobs, run_ats, now, bounds, serialize=session.idle())
         except psycopg.errors.UndefinedTable as exc:
             raise ConfigError(
                 f"enqueue_tx: the connection reaches database {conn.info.dbname!r}, which has no nursery_jobs schema "
@@ -1148,7 +1196,7 @@ class PostgresBackend:
         if staged is not None:
             staged.append(OutboxPublished())
 
-    async def relay(self, topics: Sequence[str], route: Route, limit: int) -> int:
+    async def relay(self, topics: Sequence[str], route: Route, limit: int, bounds: Bounds | None = None) -> int:
         if limit <= 0 or not topics:
             await trio.lowlevel.checkpoint()
             return 0
@@ -1167,7 +1215,7 @@ class PostgresBackend:
                 claimed = [OutboxEvent(r[0], r[1], r[2]) for r in rows]
                 jobs = [job for made in route(claimed) for job in made]
                 run_ats = [now if j.run_at is None or j.run_at < now else j.run_at for j in jobs]
-                results = await self._insert(_TrioSession(conn), jobs, run_ats, now)
+                results = await self._insert(_TrioSession(conn), jobs, run_ats, now, bounds)
                 await _exec(conn, delete, (_int_array([e.id for e in claimed]),))
             return len(claimed), jobs, run_ats, results
 
@@ -1627,6 +1675,18 @@ _QUERIES: dict[str, sql.SQL] = {
     "release_lock": sql.SQL("DELETE FROM {s}.locks WHERE name = %s AND owner = %s"),
     "tick_job": sql.SQL("UPDATE {s}.schedules SET last_job_id = %s WHERE name = %s"),
     "schedule_states": sql.SQL("SELECT name, last_tick, last_job_id FROM {s}.schedules WHERE name = ANY(%s)"),
+    # A bounded queue's enqueue lock (one per queue, taken in the order given: sorted), held to
+    # the end of the transaction, so its enqueues count and insert one at a time.
+    "lock_queue": sql.SQL(
+        "SELECT count(pg_advisory_xact_lock(hashtext('nursery_jobs max_length ' || {schema_text}), hashtext(q)))"
+        " FROM unnest(%s::text[]) AS u(q)"
+    ),
+    # Pending jobs of a queue, up to a limit, through the two partial indexes that hold them.
+    "count_pending": sql.SQL(
+        "SELECT (SELECT count(*) FROM (SELECT 1 FROM {s}.jobs WHERE queue = %s AND state = 'available' LIMIT %s) a)"
+        " + (SELECT count(*) FROM (SELECT 1 FROM {s}.jobs WHERE queue = %s AND state IN ('scheduled', 'retryable')"
+        " LIMIT %s) w)"
+    ),
     "find_unique": sql.SQL(
         "SELECT id FROM {s}.jobs WHERE unique_key = %s AND state NOT IN ('completed', 'discarded', 'cancelled')"
     ),

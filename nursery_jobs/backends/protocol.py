@@ -50,6 +50,7 @@ from .transitions import OutcomeKind
 __all__ = [
     "Backend",
     "BackendEvent",
+    "Bounds",
     "CancelRequested",
     "ClaimResult",
     "ClaimedJob",
@@ -96,6 +97,10 @@ class NewJob(NamedTuple):  # a tuple: built once per job on the hot path, 3x che
     """With a `rate_key`: starts allowed per window. None without a key."""
     rate_per: float | None = None
     """With a `rate_key`: the window, in seconds. None without a key."""
+
+
+Bounds = Mapping[str, int]
+"""Queue name -> its `max_length`, for the bounded queues an insert touches."""
 
 
 class InsertResult(NamedTuple):  # a tuple: built once per job on the hot path, 3x cheaper than attrs
@@ -234,7 +239,7 @@ class JobStore(Protocol):
         one. Called before `open`; raises nothing else."""
         ...
 
-    async def insert_many(self, jobs: Sequence[NewJob]) -> list[InsertResult]:
+    async def insert_many(self, jobs: Sequence[NewJob], bounds: Bounds | None = None) -> list[InsertResult]:
         """Add `jobs`, in order, in one transaction: all or none.
 
         A job whose `unique_key` is held by a job that is not final adds nothing and gets the
@@ -245,7 +250,14 @@ class JobStore(Protocol):
         order (an empty batch: nothing, and no event). Emits `JobsAvailable(queue)` per queue with a job
         due now and `JobsAvailable(queue, due)` with the earliest `run_at` per queue with later
         ones, after the transaction committed. Not retried on a lost connection (the outcome is
-        unknown): `BackendUnavailable` says so."""
+        unknown): `BackendUnavailable` says so.
+
+        `bounds` (queue -> `max_length`, for the batch's bounded queues; None or empty: none):
+        inside the same transaction, with the enqueues of each bounded queue serialized (any
+        process), the queue's `transitions.PENDING` jobs are counted with the batch's new ones
+        in and `transitions.check_room` decides; on `QueueFull` nothing of the batch is stored
+        and nothing emitted. A job deduplicated by its unique key needs no room. Never waits
+        for room: the caller does (`Client`)."""
         ...
 
     async def claim(self, queue: str, limit: int, *, max_running: int | None = None) -> ClaimResult:
@@ -376,7 +388,7 @@ class TransactionalEnqueue(Protocol):
         never for a transaction that rolled back."""
         ...
 
-    async def insert_tx(self, conn: Any, jobs: Sequence[NewJob]) -> list[InsertResult]:
+    async def insert_tx(self, conn: Any, jobs: Sequence[NewJob], bounds: Bounds | None = None) -> list[InsertResult]:
         """Add `jobs` as `insert_many` would, inside the transaction open on `conn`: one that
         `transaction()` yielded, or a connection of the caller's own of a kind the backend
         takes (`ConfigError` for any other, and for one that reaches another database). The
@@ -386,7 +398,13 @@ class TransactionalEnqueue(Protocol):
         id with `existing=True`, as in `insert_many`. Events: for `transaction()`'s connection,
         emitted after its commit; for a caller's own, none in-process -- other processes, and
         this one, hear of the jobs at the commit where the database can say so (PostgreSQL's
-        NOTIFY), and at their next poll otherwise."""
+        NOTIFY), and at their next poll otherwise.
+
+        `bounds` as in `insert_many`, checked inside the caller's transaction: on `QueueFull`
+        none of these jobs is in it (the rest of the caller's transaction is untouched). How
+        exact the bound is against concurrent transactions depends on the backend's isolation
+        (docs/queues.md): memory and SQLite serialize them; PostgreSQL counts what has committed
+        and does not hold a lock for the rest of the caller's transaction."""
         ...
 
 
@@ -428,14 +446,16 @@ class Outbox(Protocol):
         (PostgreSQL's NOTIFY), otherwise at the relays' next poll."""
         ...
 
-    async def relay(self, topics: Sequence[str], route: Route, limit: int) -> int:
+    async def relay(self, topics: Sequence[str], route: Route, limit: int, bounds: Bounds | None = None) -> int:
         """One pass: claim at most `limit` rows of `topics` (rows of other topics are never
         touched: another app may subscribe to them), oldest first among those no concurrent
         pass holds, make their jobs with ``route(events)``, insert them as `insert_many` would
         (unique keys included) and delete the rows, all in one transaction. Returns how many
         rows the pass claimed (the caller passes again while it is `limit`). Emits the inserted
         jobs' `JobsAvailable` after the commit. If `route` raises, or the pass is cancelled or
-        its connection lost, nothing is inserted and no row deleted."""
+        its connection lost, nothing is inserted and no row deleted. `bounds` as in
+        `insert_many`: a pass whose jobs do not fit a bounded queue raises `QueueFull` (naming
+        the queue) and changes nothing, so its events stay for a later pass."""
         ...
 
 
@@ -457,13 +477,16 @@ class ScheduleStore(Protocol):
         Emits nothing."""
         ...
 
-    async def enqueue_tick(self, name: str, tick: float, job: NewJob) -> InsertResult | None:
+    async def enqueue_tick(
+        self, name: str, tick: float, job: NewJob, bounds: Bounds | None = None
+    ) -> InsertResult | None:
         """If `tick` is later than the schedule's last tick, or it has none: in one
         transaction, make `tick` its last tick, insert `job` as `insert_many` would (events
         included, after the commit) and record the job's id; return the insert's result.
         Otherwise change nothing and return None. So of any number of calls for one tick, from
         any process, exactly one returns a result, and a schedule's ticks only move forward.
-        Cancel-atomic like `insert_many`; not retried on a lost connection."""
+        Cancel-atomic like `insert_many`; not retried on a lost connection. `bounds` as in
+        `insert_many`: on `QueueFull` the tick is not advanced either."""
         ...
 
 

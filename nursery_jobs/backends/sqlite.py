@@ -51,6 +51,7 @@ from ..infra.wake import Wake, WakeRegistry
 from ..jobs import MAX_ERRORS_KEPT, Job, JobState
 from .protocol import (
     BackendEvent,
+    Bounds,
     CancelRequested,
     ClaimedJob,
     ClaimResult,
@@ -67,7 +68,9 @@ from .protocol import (
     Route,
     ScheduleState,
 )
-from .transitions import CancelAction, admit_rated, after_outcome, after_rescue, on_cancel, parked_can_start, rate_log, unparks
+from .transitions import (
+    CancelAction, admit_rated, after_outcome, after_rescue, check_room, on_cancel, parked_can_start, rate_log, unparks,
+)  # fmt: skip
 from .rows import (
     SET_ASIDE_COLUMNS,
     STATES,
@@ -175,6 +178,12 @@ _PARK_AT_ONCE = 1000
 """A claim reads at most this many due jobs beyond the number it was asked for, parking those
 of full keys: a large backlog is parked over several claims, each a bounded transaction."""
 _IDS_PER_STATEMENT = 500
+_COUNT_PENDING = (
+    "SELECT count(*) FROM (SELECT 1 FROM nj_jobs INDEXED BY nj_jobs_due WHERE queue = ?"
+    " AND state IN ('available', 'scheduled', 'retryable') LIMIT ?)"
+)
+"""A bounded queue's pending jobs, up to a limit (`max_length + 1` answers "does it fit"):
+read from the pending rows' index, so its cost grows with the bound, never with the table."""
 """Ids per `IN (...)` list: under SQLite's oldest variable limit (999)."""
 _FINAL = ("completed", "discarded", "cancelled")
 _SYNC_MODES = {"full": "FULL", "normal": "NORMAL"}
@@ -540,7 +549,7 @@ class SqliteBackend:
                 raise
             insert()  # a connection usable only on this thread (see insert_tx)
 
-    async def relay(self, topics: Sequence[str], route: Route, limit: int) -> int:
+    async def relay(self, topics: Sequence[str], route: Route, limit: int, bounds: Bounds | None = None) -> int:
         # SQLite has one writer, so there is nothing to skip: the candidates are read without
         # the write lock, routed here on the Trio thread (the app's filters never run on the
         # database thread nor hold the lock), and claimed in one short write transaction by
@@ -578,7 +587,7 @@ class SqliteBackend:
                     )
                 )
             jobs = [job for event, jobs in zip(claimed, made) if event.id in won for job in jobs]
-            return len(won), jobs, self._insert_rows(conn, jobs, now) if jobs else []
+            return len(won), jobs, self._insert_rows(conn, jobs, now, bounds) if jobs else []
 
         _won, jobs, results = await self._call(self._tx, body)
         self._emit(_inserted_events(jobs, results, now))
@@ -757,17 +766,40 @@ class SqliteBackend:
 
     # -- protocol --
 
-    async def insert_many(self, jobs: Sequence[NewJob]) -> list[InsertResult]:
+    async def insert_many(self, jobs: Sequence[NewJob], bounds: Bounds | None = None) -> list[InsertResult]:
         now = self.now()
-        results: list[InsertResult] = await self._call(self._tx, lambda conn: self._insert_rows(conn, jobs, now))
+        results: list[InsertResult] = await self._call(self._tx, lambda conn: self._insert_rows(conn, jobs, now, bounds))
         self._emit(_inserted_events(jobs, results, now))
         return results
 
-    def _insert_rows(self, conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -> list[InsertResult]:
+    def _insert_rows(
+        self, conn: sqlite3.Connection, jobs: Sequence[NewJob], now: float, bounds: Bounds | None = None
+    ) -> list[InsertResult]:
         """The jobs' rows, inside the transaction open on `conn` (which holds the write lock):
         the backend's own connection (`insert_many`), the transaction connection
         (`transaction()`) or the caller's (`insert_tx`). One code for all of them, so a job
-        stored in a transaction is the job `insert_many` stores."""
+        stored in a transaction is the job `insert_many` stores.
+
+        With `bounds` for a queue of the batch: the rows go in under a savepoint, each bounded
+        queue's pending jobs are counted with them (at most `max_length + 1`, through the
+        pending rows' index) and `transitions.check_room` decides; `QueueFull` rolls back to the
+        savepoint, so a caller's transaction keeps the rest of its work. The write lock, held
+        from the insert to the commit, is what serializes the enqueues of a queue."""
+        if bounds and any(job.queue in bounds for job in jobs):
+            queues = sorted({job.queue for job in jobs if job.queue in bounds})
+            conn.execute("SAVEPOINT nj_bounded")
+            try:
+                results = self._insert_rows(conn, jobs, now)
+                for queue in queues:
+                    limit = bounds[queue]
+                    (pending,) = conn.execute(_COUNT_PENDING, (queue, limit + 1)).fetchone()
+                    check_room(queue, pending, limit)
+            except BaseException:
+                conn.execute("ROLLBACK TO nj_bounded")
+                conn.execute("RELEASE nj_bounded")
+                raise
+            conn.execute("RELEASE nj_bounded")
+            return results
         if len(jobs) > 1 and not any(new.unique_key for new in jobs):
             return self._insert_plain_batch(conn, jobs, now)
         out: list[InsertResult] = []
@@ -884,11 +916,11 @@ class SqliteBackend:
         finally:
             self._tx_lock.release()
 
-    async def insert_tx(self, conn: Any, jobs: Sequence[NewJob]) -> list[InsertResult]:
+    async def insert_tx(self, conn: Any, jobs: Sequence[NewJob], bounds: Bounds | None = None) -> list[InsertResult]:
         now = self.now()
         if isinstance(conn, SqliteTransaction) and conn.backend is self:
             conn._check_open()
-            results: list[InsertResult] = await self._tx_io(self._insert_rows, conn._conn, jobs, now)
+            results: list[InsertResult] = await self._tx_io(self._insert_rows, conn._conn, jobs, now, bounds)
             conn.inserted += _inserted_events(jobs, results, now)
             return results
         if not isinstance(conn, sqlite3.Connection):
@@ -899,7 +931,7 @@ class SqliteBackend:
 
         def insert() -> list[InsertResult]:
             self._check_same_file(conn)
-            added: list[InsertResult] = self._in_callers_transaction(conn, lambda c: self._insert_rows(c, jobs, now))
+            added: list[InsertResult] = self._in_callers_transaction(conn, lambda c: self._insert_rows(c, jobs, now, bounds))
             return added
 
         if self._blocking_io:
@@ -1412,7 +1444,7 @@ class SqliteBackend:
 
         await self._call(self._tx, body)
 
-    async def enqueue_tick(self, name: str, tick: float, job: NewJob) -> InsertResult | None:
+    async def enqueue_tick(self, name: str, tick: float, job: NewJob, bounds: Bounds | None = None) -> InsertResult | None:
         now = self.now()
 
         def body(conn: sqlite3.Connection) -> InsertResult | None:
@@ -1427,7 +1459,7 @@ class SqliteBackend:
             ).fetchone()
             if advanced is None:
                 return None
-            (result,) = self._insert_rows(conn, [job], now)  # as insert_many stores it
+            (result,) = self._insert_rows(conn, [job], now, bounds)  # as insert_many stores it
             if not result.existing:
                 conn.execute("UPDATE nj_schedules SET last_job_id = ? WHERE name = ?", (result.id, name))
             return result

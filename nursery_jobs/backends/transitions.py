@@ -37,6 +37,10 @@ decided here, once:
   limits, `rate_log` says what a key's record becomes after a claim (its starts of the last
   window, at most `cap`), and `rate_idle` when the record may go. PostgreSQL runs the same rule
   in `claim_held` (migration 0010, `rate_slot` and `rate_record` there).
+- `check_room` says whether an enqueue into a queue declared with `max_length` may go in:
+  `PENDING` (available, scheduled, retryable) is what counts toward the length, counted with
+  the call's own new jobs; every backend counts inside the insert's transaction, serialized
+  per queue, and asks this one function.
 
 The memory and SQLite backends call these functions per row. PostgreSQL writes a whole batch in
 one statement, so its SQL is *generated* from `OUTCOME_TABLE` (`sql_case`), and the contract
@@ -51,6 +55,7 @@ from __future__ import annotations
 import enum
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
+from ..errors import QueueFull
 from ..jobs import JobState
 
 __all__ = [
@@ -59,12 +64,15 @@ __all__ = [
     "Next",
     "OUTCOME_TABLE",
     "OutcomeKind",
+    "PENDING",
     "Rule",
     "Admission",
     "admit",
     "admit_rated",
     "after_outcome",
     "after_rescue",
+    "check_batch",
+    "check_room",
     "on_cancel",
     "on_failure",
     "parked_can_start",
@@ -341,6 +349,41 @@ def parked_can_start(running: int, limit: int | None) -> bool:
     """The repair's test: a key with `running` jobs running and parked jobs whose best one has
     `limit` (None: 1) has a free slot, so that job must come back into claim order."""
     return running < (limit or 1)
+
+
+PENDING = (JobState.AVAILABLE, JobState.SCHEDULED, JobState.RETRYABLE)
+"""The states that count toward a queue's `max_length`: jobs waiting to start. A running job
+does not count: it has left the queue for a worker (as an item a Gitea worker popped has left
+its queue), the workers' limits already bound how many run, and a job starting is what makes
+room for a waiting enqueue."""
+
+
+def check_room(queue: str, pending: int, max_length: int | None) -> None:
+    """`QueueFull` unless `pending` jobs of `queue` (counted with the call's own new jobs in;
+    a job deduplicated into an existing one by its unique key is not new) fit `max_length`
+    (None: no bound). The one rule of a bounded queue; every backend calls it inside the
+    transaction that inserted the jobs, which it rolls back on `QueueFull`."""
+    if max_length is not None and pending > max_length:
+        raise QueueFull(
+            f"queue {queue!r} is full: its max_length is {max_length}, and with this call's new jobs {pending} "
+            "would wait to start",
+            queue=queue,
+            max_length=max_length,
+            pending=pending,
+        )
+
+
+def check_batch(queue: str, size: int, max_length: int | None) -> None:
+    """`QueueFull` at once for a batch of `size` new jobs of `queue` that could never fit its
+    `max_length`, even into an empty queue: waiting for room would be waiting for nothing."""
+    if max_length is not None and size > max_length:
+        raise QueueFull(
+            f"a batch of {size} jobs can never fit queue {queue!r}, whose max_length is {max_length}; enqueue it "
+            f"in batches of at most {max_length}, or raise max_length",
+            queue=queue,
+            max_length=max_length,
+            pending=size,
+        )
 
 
 def sql_case(column: str, *, kind: str = "o.kind", cancel: str = "j.cancel_requested") -> str:

@@ -267,9 +267,13 @@ def enqueue(
             if queue is not None or max_attempts is not None:
                 given = "--queue" if queue is not None else "--max-attempts"
                 raise Failure(f"{given} comes from the app's declaration of {kind!r} when --app is given; drop it")
-            job_kind = load_app(app_spec).kind(kind)
+            loaded = load_app(app_spec)
+            job_kind = loaded.kind(kind)
+            limit = loaded.queues[job_kind.queue].max_length
+            bounds = {job_kind.queue: limit} if limit is not None else None  # a bounded queue: tried once
         else:
             job_kind = _undeclared_kind(kind, queue, max_attempts)
+            bounds = None
         opts = EnqueueOptions(delay=delay, priority=priority, unique_key=unique_key)
         store = open_backend(backend)
         if backend.partition("://")[0] == "memory":
@@ -282,7 +286,7 @@ def enqueue(
             await store.open()
             try:
                 new = job_kind.new_job(args, opts, store.now(), store.wall_offset())
-                [(job_id, existing)] = await store.insert_many([new])
+                [(job_id, existing)] = await store.insert_many([new], bounds) if bounds else await store.insert_many([new])
                 return job_id, existing, new.unique_key
             finally:
                 await store.close()

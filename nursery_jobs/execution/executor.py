@@ -17,16 +17,22 @@ hung queue starve the others. Instead each queue owns:
   can drop an insert. When nothing is due the fetcher sleeps until the earliest scheduled
   `run_at` the backend reported, a wake-up, or a free worker.
 - claim ahead: a claim answers after a round trip, and a worker that waits for it idles. So
-  the fetcher also claims for workers that are still running: up to `prefetch` jobs (one per
-  worker, at most `PREFETCH_MAX`) wait in the queue's `_held` list, and a worker that ends an
-  attempt takes its next job from there with no round trip and no hand-off. The fetcher claims
-  again once the list is down to half (`_low_water`), while the workers run what is left, so
-  the claim overlaps the running instead of following it, and a claim takes half a prefetch at
-  least. It claims ahead only when it is worth it: on a backend whose claim is a round trip
-  (not `never_yields`), for a queue of more than one worker (a queue of one worker starts its
-  jobs in the strict order the docs promise), and while the attempts that ended since the
-  last claim took at most half of `HOLD_BOUND` on average, so a queue of long jobs holds
-  nothing. A held job is `running` in the backend: it is in the attempt registry from
+  the fetcher also claims for workers that are still running: up to `prefetch` jobs
+  (`PREFETCH_PER_WORKER` per worker, at most `PREFETCH_MAX`) wait in the queue's `_held` list,
+  and a worker that ends an attempt takes its next job from there with no round trip and no
+  hand-off. How many it holds follows the attempts' mean duration (`_ahead`): the whole
+  prefetch while they are short, fewer as they lengthen, so that the workers are expected to
+  have started every held job within half of `HOLD_BOUND`, and none once they average more
+  than that. The fetcher claims again once the list is down to half of that (`_low_water`),
+  while the workers run what is left, so the claim overlaps the running instead of following
+  it. Large claims matter as much as early ones: each claim and each outcome batch is a
+  statement (and each outcome batch's NOTIFY wakes every listening session of the database),
+  so at 32 workers of short jobs a claim of ~90 jobs costs the server per job about half what
+  a claim of ~40 does (RESULTS.md, issue 8). It claims ahead only when it is worth it: on a
+  backend whose claim is a round trip (not `never_yields`), for a queue of more than one
+  worker (a queue of one worker starts its jobs in the strict order the docs promise), and
+  while the attempts are short, so a queue of long jobs holds nothing. A held job is `running`
+  in the backend: it is in the attempt registry from
   the moment it is claimed (so the heartbeats renew it, and a cancel request or a lost claim
   reaches it before it starts, which then starts nothing), its timeout starts when a worker
   starts it, and one that no worker took within `HOLD_BOUND` is given back (interrupted:
@@ -80,7 +86,7 @@ from .completer import Completer
 
 log = logging.getLogger("nursery_jobs")
 
-__all__ = ["HOLD_BOUND", "OUTCOME_SLACK", "PREFETCH_MAX", "QueueExecutor"]
+__all__ = ["HOLD_BOUND", "OUTCOME_SLACK", "PREFETCH_MAX", "PREFETCH_PER_WORKER", "QueueExecutor"]
 
 _tuple_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 _COMPLETED = OutcomeKind.COMPLETED
@@ -91,10 +97,14 @@ OUTCOME_SLACK = 32
 job while the last outcomes are written (they are then written together, one commit for
 several). Running rows in the backend stay below `max_workers` + the prefetch + this slack."""
 
-PREFETCH_MAX = 32
-"""Jobs a queue claims ahead, for workers still running, at most: its `max_workers`, and no more
-than this. Each is a `running` row nobody works on yet, so the number stays small: enough that
-a claim of half of it overlaps the attempts of the other half."""
+PREFETCH_PER_WORKER = 4
+"""Jobs a queue claims ahead per worker, at most (and no more than `PREFETCH_MAX` in all)."""
+
+PREFETCH_MAX = 128
+"""Jobs a queue claims ahead, for workers still running, at most. Each is a `running` row nobody
+works on yet, held at most `HOLD_BOUND`, so the number stays bounded; but each claim is a
+statement, so it is large enough that a drain of short jobs claims ~100 at a time, not one per
+worker."""
 
 HOLD_BOUND = 1.0
 """Seconds a job claimed ahead may wait for a worker. Past it the job is given back (available
@@ -162,9 +172,10 @@ class QueueExecutor:
         """Batches the fetcher opened, by first job id, handed to a worker that has not taken them yet."""
         self._max_running = cfg.global_max_workers
         ahead = cfg.claim_ahead and not backend.never_yields and self.max_workers > 1
-        self.prefetch = min(self.max_workers, PREFETCH_MAX) if ahead else 0
+        self.prefetch = min(self.max_workers * PREFETCH_PER_WORKER, PREFETCH_MAX) if ahead else 0
         self._low_water = self.prefetch // 2
-        """Held jobs at which the fetcher claims ahead again (the workers still have these)."""
+        """Held jobs at which the fetcher claims ahead again (the workers still have these): half
+        of what `_ahead` said at the last look."""
         self._held: deque[Attempt] = deque()
         """Jobs claimed ahead, in claim order, each already an `Attempt` in the registry."""
         self._held_until: deque[float] = deque()
@@ -210,9 +221,9 @@ class QueueExecutor:
 
     def _room(self) -> int:
         """How many jobs a claim may take now: one per idle worker, plus what the held list
-        lacks of `prefetch` once it is down to `_low_water` (while attempts are short), less
-        what the completer owes past `outcome_slack` (a slow write must never let running rows
-        pile up)."""
+        lacks of `_ahead()` once it is down to half of that (`_low_water`), less what the
+        completer owes past `outcome_slack` (a slow write must never let running rows pile
+        up)."""
         room = len(self._idle) * self._per_idle
         if self._open:
             # Claims are by queue: what a claim for a batch's room brings of other kinds waits
@@ -222,11 +233,24 @@ class QueueExecutor:
                 room += batch_room
         if self.prefetch:
             held = len(self._held)
-            if held <= self._low_water and self._mean_attempt() <= HOLD_BOUND / 2:
-                # Held jobs wait about one attempt for a worker: a queue of long jobs holds nothing.
-                room += self.prefetch - held
+            ahead = self._ahead()
+            self._low_water = ahead // 2
+            if held <= self._low_water:
+                room += ahead - held
         over = self.unwritten - self.outcome_slack
         return room - over if over > 0 else room
+
+    def _ahead(self) -> int:
+        """How many jobs to hold for workers still running: as many as the workers are expected
+        to start within half of `HOLD_BOUND` (held x mean attempt / workers), at most
+        `prefetch`; none while attempts average more than that (a queue of long jobs holds
+        nothing). At a mean of half of `HOLD_BOUND` that is one per worker."""
+        mean = self._mean_attempt()
+        if mean > HOLD_BOUND / 2:
+            return 0
+        if mean <= 0.0:
+            return self.prefetch
+        return min(self.prefetch, int(self.max_workers * (HOLD_BOUND / 2) / mean))
 
     def _mean_attempt(self) -> float:
         ended, busy = self._mark

@@ -11,7 +11,9 @@ and after that last tick are *missed*: with ``missed="skip"`` it enqueues none o
 that a wall-clock step is noticed) and enqueues it; if it wakes late past several ticks (the
 store was unreachable, the loop was blocked), it enqueues the latest one only. A failed enqueue
 is logged and tried again after `RETRY_DELAY` (doubling up to `MAX_SLEEP`), until it succeeds or
-a later tick replaces it. The scheduler never enqueues once `closing()` is true: the runtime
+a later tick replaces it. A tick into a full bounded queue (`QueueFull`) is such a failure,
+logged as a warning: the tick is not advanced, so it is tried again the same way, never waited
+for (the other schedules go on), and at most one job per tick is ever enqueued. The scheduler never enqueues once `closing()` is true: the runtime
 stops it first when its shutdown begins, before claiming stops.
 """
 
@@ -25,8 +27,8 @@ from typing import Any, Callable, Protocol, Sequence
 import attrs
 import trio
 
-from ..backends import Backend, InsertResult, NewJob, ScheduleState, ScheduleStore
-from ..errors import JobNotFound
+from ..backends import Backend, Bounds, InsertResult, NewJob, ScheduleState, ScheduleStore
+from ..errors import JobNotFound, QueueFull
 from ..jobs import JobState
 
 __all__ = ["MAX_SLEEP", "PeriodicInfo", "RETRY_DELAY", "Scheduler"]
@@ -100,10 +102,12 @@ class Scheduler:
         *,
         closing: Callable[[], bool],
         clock: Callable[[], float] | None = None,
+        bounds: Bounds | None = None,
     ) -> None:
         """`clock`: Unix time (default: the store's ``now() - wall_offset()``, so virtual under
         `MockClock`); tests pass one that starts at a chosen date."""
         self._store = store
+        self._bounds = dict(bounds) if bounds else None
         self._slots = [_Slot(s) for s in schedules if s.enabled]
         self._all = list(schedules)
         self._closing = closing
@@ -165,7 +169,27 @@ class Scheduler:
         if self._closing():
             return
         try:
-            result = await self._store.enqueue_tick(s.name, tick, s.new_job(self._store.now()))
+            job = s.new_job(self._store.now())
+            if self._bounds and job.queue in self._bounds:
+                result = await self._store.enqueue_tick(s.name, tick, job, self._bounds)
+            else:
+                result = await self._store.enqueue_tick(s.name, tick, job)
+        except QueueFull as full:
+            slot.retry_at = self._clock() + slot.delay
+            log.warning(
+                "periodic: tick %s of schedule %r not enqueued: queue %r is full (max_length %d); retrying in %g s",
+                _iso(tick, s),
+                s.name,
+                full.queue,
+                full.max_length,
+                slot.delay,
+                extra={
+                    "event": "periodic_queue_full", "schedule": s.name, "tick": tick, "queue": full.queue,
+                    "retry_in": slot.delay,
+                },
+            )  # fmt: skip
+            slot.delay = min(slot.delay * 2, MAX_SLEEP)
+            return
         except Exception:
             slot.retry_at = self._clock() + slot.delay
             log.exception(
@@ -194,7 +218,19 @@ class Scheduler:
             return None
         job = s.new_job(self._store.now())._replace(unique_key=f"periodic:{s.name}:start")
         try:
-            (result,) = await self._store.insert_many([job])
+            if self._bounds and job.queue in self._bounds:
+                (result,) = await self._store.insert_many([job], self._bounds)
+            else:
+                (result,) = await self._store.insert_many([job])
+        except QueueFull as full:
+            log.warning(
+                "periodic: the run_at_start job of schedule %r not enqueued: queue %r is full (max_length %d)",
+                s.name,
+                full.queue,
+                full.max_length,
+                extra={"event": "periodic_queue_full", "schedule": s.name, "queue": full.queue},
+            )
+            return None
         except Exception:
             log.exception(
                 "periodic: the run_at_start job of schedule %r failed to enqueue",

@@ -15,6 +15,7 @@ import pytest
 import trio
 
 import nursery_jobs as nj
+from nursery_jobs.backends import NewJob
 from tests.registry import Damage
 
 
@@ -136,19 +137,16 @@ async def test_a_row_with_unreadable_columns_is_set_aside_and_the_rest_goes_on(
 
 async def test_a_key_left_parked_with_a_free_slot_is_repaired_by_the_rescue_pass(make_backend, damage: Damage, autojump_clock):
     """A job marked parked by hand (or by an older runtime) while nothing of its key runs: no
-    claim would read it, so the rescuer's pass brings it back, and it runs."""
+    claim would read it, so the rescuer's pass brings it back, and it runs. (The backend alone,
+    with no runtime whose own rescuer could pass first.)"""
     backend = make_backend()
-    app = nj.App()
-    app.queue("q", max_workers=2, timeout=None)
-
-    @app.job(queue="q", concurrency_key=lambda args: "k", max_concurrent=1)
-    async def keyed(ctx: nj.JobContext) -> None:
-        return None
-
-    async with nj.open_runtime(app, backend=backend, queues=[]) as rt:
-        job_id = await rt.enqueue("keyed")
-        damage.write(backend, job_id, "parked = ?", (True,))
+    await backend.open()
+    try:
+        (job,) = await backend.insert_many([NewJob("keyed", "q", "{}", 0, None, 5, None, "k", 1)])
+        damage.write(backend, job.id, "parked = ?", (True,))
         before = await backend.claim("q", 10)
         await backend.rescue(backend.now() - 60)
         after = await backend.claim("q", 10)
-    assert before.jobs == [] and [j.id for j in after.jobs] == [job_id]
+    finally:
+        await backend.close()
+    assert before.jobs == [] and [j.id for j in after.jobs] == [job.id]

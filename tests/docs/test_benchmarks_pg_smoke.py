@@ -182,3 +182,12 @@ def test_batches_quick_mode_runs() -> None:
         assert f"\n{backend} " in result.stdout, result.stdout
     assert "batch 100 jobs/s (x single)" in result.stdout
     assert not [name for name in leftover_bench_databases() if "_batches_" in name]
+
+
+@pytest.mark.usefixtures("postgres_reachable")
+def test_bounded_queues_smoke_mode_runs() -> None:
+    out = run_quick("bounded_queues.py", "--smoke").stdout
+    for label in ("bounded near full µs", "free / no bound", "smoke run: nothing judged"):
+        assert label in out, out
+    for backend in ("postgres", "sqlite", "memory"):
+        assert f"\n{backend} " in out, out

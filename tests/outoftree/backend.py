@@ -71,9 +71,9 @@ class DelegatingBackend:
     def check_budget(self, workers: int) -> None:
         self.inner.check_budget(workers)
 
-    async def insert_many(self, jobs: Sequence[NewJob]) -> list[InsertResult]:
+    async def insert_many(self, jobs: Sequence[NewJob], bounds: Mapping[str, int] | None = None) -> list[InsertResult]:
         await self._step()
-        return await self.inner.insert_many(jobs)
+        return await self.inner.insert_many(jobs, bounds)
 
     async def claim(self, queue: str, limit: int, *, max_running: int | None = None) -> ClaimResult:
         await self._step()
@@ -127,9 +127,11 @@ class DelegatingBackend:
         await self._step()
         return await self._schedules().schedule_states(names)
 
-    async def enqueue_tick(self, name: str, tick: float, job: NewJob) -> InsertResult | None:
+    async def enqueue_tick(
+        self, name: str, tick: float, job: NewJob, bounds: Mapping[str, int] | None = None
+    ) -> InsertResult | None:
         await self._step()
-        return await self._schedules().enqueue_tick(name, tick, job)
+        return await self._schedules().enqueue_tick(name, tick, job, bounds)
 
 
     # -- LockStore --

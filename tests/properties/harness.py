@@ -301,10 +301,10 @@ class HarnessBackend(_Harness, nj.MemoryBackend):
         self._claiming: set[str] = set()
         self._lied: set[int] = set()
 
-    async def insert_many(self, jobs: Any) -> Any:
+    async def insert_many(self, jobs: Any, bounds: Any = None) -> Any:
         if self.faults.invert_priority:  # P08: lower priority runs first
             jobs = [job._replace(priority=-job.priority) for job in jobs]
-        results = await nj.MemoryBackend.insert_many(self, jobs)
+        results = await nj.MemoryBackend.insert_many(self, jobs, bounds)
         if self.faults.enqueue_checkpoint_after_insert:  # P14: a cancel can land after the insert
             await trio.lowlevel.checkpoint()
         return results
@@ -399,8 +399,8 @@ class _Forward:
     def check_budget(self, workers: int) -> None:
         self.inner.check_budget(workers)
 
-    async def insert_many(self, jobs: Any) -> Any:
-        return await self.inner.insert_many(jobs)
+    async def insert_many(self, jobs: Any, bounds: Any = None) -> Any:
+        return await self.inner.insert_many(jobs, bounds)
 
     async def claim(self, queue: str, limit: int, *, max_running: int | None = None) -> Any:
         return await self.inner.claim(queue, limit, max_running=max_running)

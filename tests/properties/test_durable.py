@@ -44,6 +44,7 @@ from . import (
     test_p16_key_limits,
     test_p17_batches,
     test_p18_rate_limits,
+    test_p19_bounded_length,
 )
 from tests import registry
 
@@ -72,6 +73,7 @@ PROPERTIES: list[tuple[str, Check, int]] = [
     ("P16", test_p16_key_limits.check, 10),
     ("P17", test_p17_batches.check, 8),
     ("P18", test_p18_rate_limits.check, 10),
+    ("P19", test_p19_bounded_length.check, 10),
 ]
 
 

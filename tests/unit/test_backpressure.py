@@ -20,7 +20,7 @@ import trio.testing
 import nursery_jobs as nj
 from nursery_jobs.backends import Outcome
 from nursery_jobs.execution.completer import MAX_BATCH
-from nursery_jobs.execution.executor import OUTCOME_SLACK, PREFETCH_MAX
+from nursery_jobs.execution.executor import OUTCOME_SLACK, PREFETCH_MAX, PREFETCH_PER_WORKER
 
 
 class SlowWrites(nj.MemoryBackend):
@@ -60,7 +60,7 @@ def _app(workers: int) -> nj.App:
 async def test_a_slow_write_never_lets_running_rows_pile_up(autojump_clock: trio.testing.MockClock, workers: int) -> None:
     backend = SlowWrites(delay=1.0)
     slack = max(workers, OUTCOME_SLACK)
-    prefetch = min(workers, PREFETCH_MAX)  # jobs claimed ahead, not started yet
+    prefetch = min(PREFETCH_PER_WORKER * workers, PREFETCH_MAX)  # jobs claimed ahead, not started yet
     async with nj.open_runtime(_app(workers), backend=backend, grace=60) as rt:
         ids = await rt.enqueue_many("quick", [{}] * 2000)
         for job_id in ids:

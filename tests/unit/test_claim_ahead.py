@@ -1,9 +1,9 @@
 """Claim ahead: the fetcher claims for workers still running, within a small bound.
 
 A claim is a round trip; a worker that waits for it idles. So on a backend whose claim yields,
-a queue of several workers also claims up to `prefetch = min(max_workers, PREFETCH_MAX)` jobs
-for workers that are still running, while attempts end fast enough for the prefetch to be taken
-within `HOLD_BOUND`. A held job is `running` in the backend: it is heartbeated, a cancel request
+a queue of several workers also claims up to `prefetch = min(PREFETCH_PER_WORKER * max_workers,
+PREFETCH_MAX)` jobs for workers that are still running, fewer as attempts lengthen: as many as
+the workers are expected to start within half of `HOLD_BOUND`. A held job is `running` in the backend: it is heartbeated, a cancel request
 reaches it before it starts, it is given back if no worker takes it within `HOLD_BOUND`, and
 shutdown gives it back at once. The backend here is the memory backend made to yield, with a
 claim that takes a round trip of 1 ms on the mock clock.
@@ -11,14 +11,16 @@ claim that takes a round trip of 1 ms on the mock clock.
 
 from __future__ import annotations
 
+import logging
 from typing import Sequence
 
+import pytest
 import trio
 import trio.testing
 
 import nursery_jobs as nj
 from nursery_jobs.backends import ClaimResult, HeartbeatResult
-from nursery_jobs.execution.executor import HOLD_BOUND, OUTCOME_SLACK, PREFETCH_MAX
+from nursery_jobs.execution.executor import HOLD_BOUND, OUTCOME_SLACK, PREFETCH_MAX, PREFETCH_PER_WORKER
 
 ROUND_TRIP = 0.001
 
@@ -72,7 +74,7 @@ def _app(workers: int, seconds: float = 0.0) -> tuple[nj.App, list[int], list[in
 
 async def test_a_busy_queue_claims_ahead_within_its_bound(autojump_clock: trio.testing.MockClock) -> None:
     workers = 8
-    prefetch = min(workers, PREFETCH_MAX)
+    prefetch = min(PREFETCH_PER_WORKER * workers, PREFETCH_MAX)
     backend = RoundTrips()
     app, started, peak = _app(workers, seconds=0.0005)
     async with nj.open_runtime(app, backend=backend) as rt:
@@ -86,12 +88,39 @@ async def test_a_busy_queue_claims_ahead_within_its_bound(autojump_clock: trio.t
             assert (await rt.wait(job_id, timeout=60)).state is nj.JobState.COMPLETED
     assert sorted(started) == sorted(ids)  # each job ran once
     assert peak[1] <= workers  # claiming ahead never runs more than max_workers at once
-    assert max(held_seen) > 0, "nothing was ever claimed ahead: the test proves nothing"
+    assert max(held_seen) > workers, "never more held than one per worker: the test proves nothing"
     assert max(held_seen) <= prefetch
     # A claim asks for the idle workers plus what the held list lacks of the prefetch, no more.
     assert max(backend.limits) <= workers + prefetch
     assert any(limit > workers for limit in backend.limits)
     assert backend.peak_running <= workers + prefetch + max(workers, OUTCOME_SLACK)
+
+
+async def test_a_queue_holds_fewer_jobs_ahead_as_its_attempts_lengthen(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Attempts of 0.2 s on 8 workers: the workers start 8 jobs per 0.2 s, so only the 20 they
+    are expected to start within half of HOLD_BOUND are held (not the whole prefetch of 32), and
+    none waits past HOLD_BOUND to be given back."""
+    workers, seconds = 8, 0.2
+    expected = int(workers * (HOLD_BOUND / 2) / seconds)
+    assert expected < min(PREFETCH_PER_WORKER * workers, PREFETCH_MAX)  # else the test proves nothing
+    backend = RoundTrips()
+    app, started, _ = _app(workers, seconds=seconds)
+    with caplog.at_level(logging.INFO, logger="nursery_jobs"):
+        async with nj.open_runtime(app, backend=backend) as rt:
+            executor = rt.executors["q"]
+            held_seen: list[int] = []
+            ids = await rt.enqueue_many("work", [{}] * 200)
+            while len(started) < 200:
+                held_seen.append(executor.held)
+                await trio.sleep(0.01)
+            for job_id in ids:
+                assert (await rt.wait(job_id, timeout=60)).state is nj.JobState.COMPLETED
+    assert sorted(started) == sorted(ids)
+    assert max(held_seen) > workers // 2, "nothing held ahead: the test proves nothing"
+    assert max(held_seen) <= expected
+    assert not [r for r in caplog.records if getattr(r, "event", None) == "claimed_ahead_given_back"]
 
 
 async def test_jobs_claimed_ahead_are_given_back_at_shutdown(autojump_clock: trio.testing.MockClock) -> None:
@@ -190,7 +219,12 @@ async def test_a_held_job_is_heartbeated_and_a_cancel_reaches_it_before_it_start
         with trio.fail_after(10):
             while not (executor.held and len(started) > 20):
                 await trio.sleep(0.0005)
-        held_ids = {i for i in slow if (await backend.get_job(i)).state is nj.JobState.RUNNING} - set(started)
+        # Held: running in the backend, not started, and in the attempt registry already (a job
+        # just handed to an idle worker's mailbox is running and not started either, but it
+        # becomes an attempt only when its worker starts it).
+        held_ids = {
+            i for i in slow if (await backend.get_job(i)).state is nj.JobState.RUNNING and i in rt.attempts
+        } - set(started)
         assert held_ids, "no job was held while the slow ones ran: the test proves nothing"
         victim = min(held_ids)
         await trio.sleep(0.05)  # a few heartbeats
@@ -216,7 +250,8 @@ async def test_no_claim_ahead_where_it_cannot_help_or_is_turned_off(autojump_clo
         assert rt.executors["q"].prefetch == 0
     async with nj.open_runtime(app, backend=backend) as rt:
         prefetch = {name: executor.prefetch for name, executor in rt.executors.items()}
-    assert prefetch == {"default": 10, "q": 4, "single": 0, "off": 0, "wide": PREFETCH_MAX}
+    per = PREFETCH_PER_WORKER
+    assert prefetch == {"default": 10 * per, "q": 4 * per, "single": 0, "off": 0, "wide": PREFETCH_MAX}
 
 
 async def test_jobs_claimed_ahead_go_back_when_the_runtime_is_torn_down_from_outside(

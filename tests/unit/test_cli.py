@@ -214,3 +214,28 @@ def test_migrate_is_still_one_line_for_a_bad_url(capsys: pytest.CaptureFixture[s
     code, out, err = run(capsys, "migrate", "--database-url", f"postgresql://svc:S3CR%zz{SECRET}@127.0.0.1/x")
     assert code == 2 and out == ""
     assert "bad PostgreSQL URL" in one_line(err, "migrate")
+
+
+BOUNDED_APP = '''
+import nursery_jobs as nj
+
+app = nj.App()
+app.queue("bounded", max_workers=1, max_length=1)
+
+
+@app.job(queue="bounded")
+async def item(ctx: nj.JobContext) -> None:
+    pass
+'''
+
+
+def test_enqueue_into_a_full_bounded_queue_is_refused_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    module = tmp_path / "bounded_app.py"
+    module.write_text(BOUNDED_APP)
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    argv = ["enqueue", "item", "--app", f"{module}:app", "--backend", url]
+    assert run(capsys, *argv) == (0, "1\n", "")
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (1, "")
+    assert "queue 'bounded' is full: its max_length is 1" in one_line(err, "enqueue")
+    assert len(_rows(tmp_path / "jobs.db")) == 1

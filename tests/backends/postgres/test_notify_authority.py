@@ -78,3 +78,14 @@ async def test_a_forged_finished_notification_does_not_end_a_wait(pg_url):
             waited = trio.current_time() - t0
     assert receipt.done and receipt.state is nj.JobState.COMPLETED
     assert waited > 1.5  # not ended by the forged message at ~0.3 s
+
+
+def test_a_notification_with_digits_int_refuses_is_dropped_not_raised() -> None:
+    """Any session can NOTIFY: a payload whose "ids" are characters `str.isdigit` accepts but
+    `int` refuses (superscripts) is ignored, id by id, rather than raising in the listener."""
+    backend = PostgresBackend("postgresql://nobody@127.0.0.1:1/none", schema="s")
+    events: list[object] = []
+    backend.add_listener(events.append)
+    backend._on_notify("s_events", "f:²,7,³", 0)
+    backend._on_notify("s_events", "c:¹,8", 0)
+    assert [(type(e).__name__, e[0]) for e in events] == [("JobFinalized", 7), ("CancelRequested", 8)]
