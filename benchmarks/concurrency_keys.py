@@ -17,6 +17,14 @@ What it measures, per backend (PostgreSQL; SQLite and memory beside it):
 3. **Latency.** On an idle keyed queue, one job at a time, each with a key no job holds (one
    free slot per key): ``perf_counter`` before ``enqueue`` to the handler's start, p50 and p99,
    beside the same for jobs with no key.
+4. **Latency behind a full key.** The same probes (a new key each time, and no key), one at a
+   time, while one other key with a limit of 1 is full (each of its jobs holds its slot for
+   `busy_hold` seconds) and has a backlog of `jobs` due jobs: the claim "a busy key never delays
+   jobs of other keys" as p50 and p99 enqueue -> start.
+
+5. **Claim cost** (``--claim-cost``, PostgreSQL only): `claim` and `finish_many` called one at a
+   time with no runtime, over an unkeyed backlog and at one key with a long and a short backlog
+   (`claim_cost`).
 
 Usage (PostgreSQL on 127.0.0.1:5432, or the admin URL in NJ_BENCH_PG_URL; the script creates
 and drops its own database):
@@ -67,6 +75,8 @@ class Sizes:
     rounds: int = 2
     keys: tuple[int, ...] = (1, 10, 1_000, 100_000)
     probes: int = 200
+    busy_hold: float = 0.05
+    """Seconds each job of the busy key runs, in the latency-behind-a-full-key measurement."""
     backends: tuple[str, ...] = ("postgres", "sqlite", "memory")
 
 
@@ -85,6 +95,8 @@ class Box:
         self.running: dict[str, int] = {}
         self.worst = 0
         self.started: dict[int, float] = {}
+        self.hold = 0.0
+        """Seconds a keyed job whose key does not start with "probe" runs (0: a no-op)."""
 
 
 def build_app(workers: int, box: list[Box]) -> nj.App:
@@ -114,6 +126,10 @@ def build_app(workers: int, box: list[Box]) -> nj.App:
 
     @app.job(queue=QUEUE, name="keyed", concurrency_key=lambda args: args["key"], max_concurrent=1)
     async def keyed(ctx: nj.JobContext, key: str, n: int = 0) -> None:
+        if box[0].hold and not key.startswith("probe"):
+            box[0].started[ctx.id] = time.perf_counter()
+            await trio.sleep(box[0].hold)
+            return
         await body(ctx, key)
 
     return app
@@ -246,6 +262,78 @@ def latency(backend: str, target: str, s: Sizes, keyed: bool) -> list[float]:
     return result
 
 
+def latency_behind_busy_key(backend: str, target: str, s: Sizes) -> tuple[list[float], list[float], int]:
+    """Enqueue -> start of probe jobs (a new key each; and no key), one at a time, while the key
+    ``k0`` (limit 1) is full and has `s.jobs` due jobs waiting; and how many of its jobs ran."""
+    box = [Box(0)]
+    box[0].hold = s.busy_hold
+    app = build_app(s.workers, box)
+    memory: nj.MemoryBackend | None = None
+    if backend == "postgres":
+        pg_fill(target, s.jobs, 1)
+        where: Any = backend_url(target, SCHEMA)
+    elif backend == "sqlite":
+        sqlite_fill(target, s.jobs, 1)
+        where = f"sqlite:///{target}"
+    else:
+        memory = nj.MemoryBackend()
+        where = memory
+        nj.run(lambda rt: memory.insert_many(memory_jobs(s.jobs, 1)), app=nj.App(), backend=memory, queues=[])
+
+    async def main(rt: nj.Runtime) -> tuple[list[float], list[float], int]:
+        keyed: list[float] = []
+        plain: list[float] = []
+        await trio.sleep(0.5)  # the busy key's first job holds its slot; the backlog waits
+        for i in range(s.probes + 3):
+            await trio.sleep(0.005)
+            t0 = time.perf_counter()
+            job_id = await (rt.enqueue("keyed", {"key": f"probe{i}"}) if i % 2 else rt.enqueue("plain"))
+            receipt = await rt.wait(job_id, timeout=10.0)
+            if not receipt.done:
+                raise RuntimeError(f"probe {job_id} did not finish within 10 s")
+            if i >= 3:
+                (keyed if i % 2 else plain).append(box[0].started.pop(job_id) - t0)
+        return keyed, plain, len(box[0].started)
+
+    result: tuple[list[float], list[float], int] = nj.run(main, app=app, backend=where, grace=0.0)
+    return result
+
+
+def claim_cost(url: str) -> dict[str, tuple[float, float]]:
+    """PostgreSQL, one backend call at a time (a runtime with no queue holds the backend open):
+    median ms of `claim` (up to 32) and of `finish_many` of what it claimed, (a) over 20,000
+    unkeyed jobs (300 claims), (b) at one key with a limit of 1 and a backlog of 20,000, and (c)
+    of 200 (20 claims to warm up, then 150)."""
+    from nursery_jobs.backends import Outcome, OutcomeKind
+    from nursery_jobs.backends.postgres import PostgresBackend
+
+    def loop(n: int, warm: int) -> tuple[float, float]:
+        backend = PostgresBackend(url, schema=SCHEMA)
+
+        async def calls(rt: nj.Runtime) -> tuple[float, float]:
+            claims: list[float] = []
+            finishes: list[float] = []
+            for i in range(warm + n):
+                t0 = time.perf_counter()
+                got = await backend.claim(QUEUE, 32)
+                t1 = time.perf_counter()
+                await backend.finish_many([Outcome(j.id, j.attempt, OutcomeKind.COMPLETED) for j in got.jobs])
+                if i >= warm:
+                    claims.append(t1 - t0)
+                    finishes.append(time.perf_counter() - t1)
+            return statistics.median(claims) * 1e3, statistics.median(finishes) * 1e3
+
+        result: tuple[float, float] = nj.run(calls, app=nj.App(), backend=backend, queues=[])
+        return result
+
+    out = {}
+    for name, jobs, keys, n, warm in (("unkeyed", 20_000, None, 300, 0), ("1 key, 20,000 waiting", 20_000, 1, 150, 20),
+                                      ("1 key, 200 waiting", 200, 1, 150, 20)):  # fmt: skip
+        pg_fill(url, jobs, keys)
+        out[name] = loop(n, warm)
+    return out
+
+
 # -- the run --
 
 
@@ -264,6 +352,8 @@ def measure(backend: str, target: str, s: Sizes, log: Callable[[str], None]) -> 
             log(f"  {backend} round {r + 1}: unlimited {base:,.0f}/s, {keys:,} keys {rate:,.0f}/s -> {rate / base:.2f} (worst {w})")
     plain = latency(backend, target, s, keyed=False)
     keyed = latency(backend, target, s, keyed=True)
+    busy_keyed, busy_plain, busy_ran = latency_behind_busy_key(backend, target, s)
+    log(f"  {backend} behind a full key: {busy_ran} of its jobs ran during {len(busy_keyed) + len(busy_plain)} probes")
     rows = []
     for keys in s.keys:
         rows.append([
@@ -274,6 +364,11 @@ def measure(backend: str, target: str, s: Sizes, log: Callable[[str], None]) -> 
         backend, "latency", f"p50 {percentile(keyed, 50) * 1e3:.2f} ms / p99 {percentile(keyed, 99) * 1e3:.2f} ms",
         f"p50 {percentile(plain, 50) * 1e3:.2f} ms / p99 {percentile(plain, 99) * 1e3:.2f} ms", "", "",
     ])  # fmt: skip
+    rows.append([
+        backend, "latency behind a full key",
+        f"p50 {percentile(busy_keyed, 50) * 1e3:.2f} ms / p99 {percentile(busy_keyed, 99) * 1e3:.2f} ms",
+        f"p50 {percentile(busy_plain, 50) * 1e3:.2f} ms / p99 {percentile(busy_plain, 99) * 1e3:.2f} ms", "", "",
+    ])  # fmt: skip
     return rows
 
 
@@ -283,7 +378,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--backends", default=None, help="comma-separated subset of postgres,sqlite,memory")
     parser.add_argument("--keys", default=None, help="comma-separated numbers of distinct keys (default 1,10,1000,100000)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per number of keys (default 2)")
+    parser.add_argument("--claim-cost", action="store_true", help="only the claim and outcome cost, one call at a time (PostgreSQL)")
     args = parser.parse_args(argv)
+    if args.claim_cost:
+        try:
+            with throwaway_database("keyed") as url:
+                for name, (claim_ms, finish_ms) in claim_cost(url).items():
+                    print(f"{name}: claim {claim_ms:.2f} ms, finish {finish_ms:.2f} ms (medians)")
+        except PgUnavailable as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        return 0
     s = QUICK if args.quick else Sizes()
     if args.backends:
         s = attrs.evolve(s, backends=tuple(b.strip() for b in args.backends.split(",")))
@@ -308,7 +413,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     header = ["backend", "keys (limit 1)", "keyed jobs/s", "unlimited jobs/s", "ratio", "overshoot"]
     print()
     print(render_table([header, *rows]))
-    print(f"\n(latency rows: enqueue -> start with a free slot, keyed | unlimited; {time.perf_counter() - started:.0f} s)")
+    print(
+        "\n(latency rows: enqueue -> start with a free slot, keyed (a new key each) | unlimited; behind a full key:"
+        f" the same while one other key is full with a backlog of {s.jobs:,}; {time.perf_counter() - started:.0f} s)"
+    )
     return 0
 
 

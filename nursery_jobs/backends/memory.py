@@ -46,7 +46,7 @@ from ..jobs import MAX_ERRORS_KEPT, Job, JobError, JobState, decode_args
 from .rows import rescue_message
 from .transitions import (
     PENDING, CancelAction, admit, admit_rated, after_outcome, after_rescue, check_room, on_cancel, rate_idle, rate_log,
-    rate_slot,
+    rate_slot, unparks,
 )  # fmt: skip
 from .protocol import (
     BackendEvent,
@@ -303,22 +303,27 @@ class MemoryBackend:
             del self._key_running[key]
         self._unpark(key)
 
-    def _unpark(self, key: str) -> None:
+    def _unpark(self, key: str) -> bool:
+        """The best parked entry of each of the key's limits goes back to its due heap; True if
+        one did."""
         groups = self._parked.get(key)
         if groups is None:
-            return
+            return False
         rows = self._rows
+        back = False
         for limit, heap in list(groups.items()):
             while heap:
                 entry = heapq.heappop(heap)
                 row = rows.get(entry[2])
                 if row is not None and row.version == entry[3]:
                     heapq.heappush(self._q(row.queue).due, entry)
+                    back = True
                     break
             if not heap:
                 del groups[limit]
         if not groups:
             del self._parked[key]
+        return back
 
     def _push(self, row: _Row, q: _QueueState) -> None:
         if row.state is _A:
@@ -681,9 +686,10 @@ class MemoryBackend:
                 row.cancel_requested = True
                 self._emit(CancelRequested(job_id))
             return _R
+        before = row.state
         self._emit(self._finalize(row, q, JobState.CANCELLED, self.now()))
-        if row.ckey is not None:
-            self._unpark(row.ckey)  # it may have been the entry a freed slot brought back
+        if row.ckey is not None and unparks(before, JobState.CANCELLED) and self._unpark(row.ckey):
+            self._emit(JobsAvailable(row.queue))  # it may have been the entry a freed slot brought back
         return JobState.CANCELLED
 
     async def heartbeat(self, running: Sequence[tuple[int, int]]) -> HeartbeatResult:

@@ -10,6 +10,8 @@ Many processes on many hosts share one database. The design, call by call:
   `run_at`, read only up to now. Those that came due and are not claimed are made `available`
   in the same statement. Neither scan reads a finished row or one that is not due yet, so the
   cost stays flat however many of those the queue holds (tests/backends/postgres/test_claim_cost.py).
+  Nor, after one pass, a due job whose concurrency key is full: the claim that passes over it
+  parks it out of `jobs_available` until a job of its key leaves `running` (migration 0011).
   The same round trip reports when the next scheduled job of the queue is due. Claims and heartbeats commit with `synchronous_commit =
   off` (`PgPool.run(durable=False)`): losing the last milliseconds of them in a server crash
   only makes jobs claimable again, and they do not wait for the WAL flush. (After such a crash
@@ -788,31 +790,38 @@ class PostgresBackend:
             # them (several of one key), or a concurrent claim may have taken them (`lost`):
             # then it looks again, and the next look passes over the keys now full, so a key's
             # backlog never keeps the claim from other keys' jobs (no head-of-line blocking).
-            # That look reads past the full keys' due jobs: its cost grows with their backlog.
+            # A job passed over for its key is parked by the look that passed it (migration
+            # 0011), so no later look or claim reads it again; a look that parked some read at
+            # most `_PARK_AT_ONCE` of them, and the next look goes on behind them.
+            more = False
             for _ in range(_CLAIM_LOOKS):
                 want = limit - len(jobs)
                 rows = await _all(conn, q, {"now": now, "queue": queue, "limit": want})
                 held: list[int] = []
                 for r in rows:
                     if r[0] is None:
-                        next_due, held = r[7], r[8]
+                        next_due, held, more = r[7], r[8], r[9] > 0
                     else:
                         jobs.append(r)
-                if not held:
-                    break
-                want = limit - len(jobs)
-                got = await _all(
-                    conn, q_held, {"ids": held, "queue": queue, "want": want, "max_running": max_running, "now": now}
-                )
-                taken = [r for r in got if r[0] is not None]
-                for r in got:
-                    if r[0] is None and r[7] is not None and (rate_next is None or r[7] < rate_next):
-                        rate_next = r[7]  # a rate key's next slot, seen under its lock (migration 0010)
-                jobs += taken
-                if len(jobs) >= limit or len(taken) == len(held):
-                    break  # room filled, or every job held was claimed: nothing was passed over
-                if max_running is not None and not (got and got[0][8]):
-                    break  # the queue is full: nothing more may start
+                if held:
+                    want = limit - len(jobs)
+                    got = await _all(
+                        conn, q_held, {"ids": held, "queue": queue, "want": want, "max_running": max_running, "now": now}
+                    )
+                    taken = [r for r in got if r[0] is not None]
+                    for r in got:
+                        if r[0] is None and r[7] is not None and (rate_next is None or r[7] < rate_next):
+                            rate_next = r[7]  # a rate key's next slot, seen under its lock (migration 0010)
+                    jobs += taken
+                    if len(taken) < len(held):  # the limits passed some over, or others took them
+                        if max_running is not None and not (got and got[0][8]):
+                            more = False
+                            break  # the queue is full: nothing more may start
+                        more = True
+                if len(jobs) >= limit or not more:
+                    break  # room filled, or nothing was passed over: there is nothing behind
+            if more and len(jobs) < limit:
+                self._emit([JobsAvailable(queue)])  # jobs may wait behind the ones this claim parked
             jobs.sort(key=lambda r: (-r[6], r[7], r[0]))
             if rate_next is not None and (next_due is None or rate_next < next_due):
                 next_due = rate_next
@@ -874,11 +883,11 @@ class PostgresBackend:
     async def cancel(self, job_id: int) -> JobState:
         now = self.now()
         q = self._q["cancel"]
-        params = {"id": job_id, "now": now, "channel": self._events_channel}
+        params = {"id": job_id, "now": now, "channel": self._events_channel, "jobs_channel": self._jobs_channel}
         row = await self._run(lambda c: _one(c, q, params))
         if row is None:
             raise JobNotFound(f"no job with id {job_id} in {self.url}")
-        before, after, message, _notified, changed = row
+        before, after, message, _notified, changed, unparked, queue = row
         state = JobState(after)
         if JobState(before).final:
             return JobState(before)
@@ -887,6 +896,8 @@ class PostgresBackend:
                 self._emit([CancelRequested(job_id)])
         else:
             self._emit([JobFinalized(job_id, JobState.CANCELLED, message)])
+            if unparked:
+                self._emit([JobsAvailable(queue)])  # its key's next job took its place
         return state
 
     async def heartbeat(self, running: Sequence[tuple[int, int]]) -> HeartbeatResult:
@@ -925,9 +936,14 @@ class PostgresBackend:
                 if key is not None:
                     queues.add(queue)  # its slot is free
                     events.append(JobsAvailable(queue))
-        if rows:
+        # The repair of keys left parked with a free slot (migration 0011): nothing to do unless
+        # something but this runtime wrote the rows.
+        for (queue,) in await self._run(lambda c: _all(c, self._q["repair_parked"])):
+            queues.add(queue)
+            events.append(JobsAvailable(queue))
+        if rows or queues:
             await self._notify(finalized, sorted(queues), "f")
-        self._emit(events)
+        self._emit(list(dict.fromkeys(events)))
         return sorted(r[0] for r in rows)
 
     async def delete_finished(self, before: Mapping[JobState, float], limit: int) -> int:
@@ -1487,6 +1503,11 @@ _PROMOTE_AT_ONCE = 1000
 """A claim looks at (and makes `available`) at most this many scheduled/retryable jobs that
 came due, oldest first (see the claim statement)."""
 
+_PARK_AT_ONCE = 1000
+"""A claim reads at most this many jobs more than it was asked for, passing over (and parking)
+those of full keys (see the claim statement): a key's backlog is parked over several claims,
+each a bounded statement, never in one that writes all of it."""
+
 _CLAIM_LOOKS = 4
 """Claim statements (each with its `claim_held`) one claim runs at most, when the limits refused
 jobs it picked: each look passes over the keys the looks before it filled."""
@@ -1496,7 +1517,18 @@ _KEY_FREE = (
     " < coalesce({t}.max_concurrent, 1)"
 )
 """A keyed job's key is below the job's limit, as the statement's snapshot sees it: the claim's
-scan passes over the others (a hint, read without the key's lock: `claim_held` decides)."""
+scan passes over the others and parks them (a hint, read without the key's lock: `claim_held`
+decides what starts, and the park takes its own locks)."""
+
+_UNPARK_FREED = (
+    " freed AS (SELECT {s}.unpark_keys(array_agg(concurrency_key), array_agg(n)) AS n"
+    "  FROM (SELECT concurrency_key, count(*)::int AS n FROM upd WHERE concurrency_key IS NOT NULL"
+    "   GROUP BY concurrency_key) f HAVING count(*) > 0)"
+)
+"""For the rows `upd` moved out of `running` (each freed its key's slot): each key's best
+parked jobs, one per freed slot, go back into claim order (migration 0011, `unpark_keys`),
+after every row of `upd` is written and so in a snapshot that sees any claim that parked a job
+while holding one of those rows."""
 
 _RATE_FREE = (
     "NOT EXISTS (SELECT 1 FROM {{s}}.rate_keys k WHERE k.key = {t}.rate_key"
@@ -1539,10 +1571,21 @@ def _claim_sql(*, limited: bool) -> str:
         "  FROM {s}.jobs WHERE queue = %(queue)s"
         "  AND state IN ('scheduled', 'retryable') AND run_at <= %(now)s"
         "  ORDER BY run_at, id LIMIT " + str(_PROMOTE_AT_ONCE) + " FOR UPDATE SKIP LOCKED),"
-        " avail AS (SELECT id, priority, run_at, concurrency_key, rate_key FROM {s}.jobs a WHERE queue = %(queue)s"
-        "  AND state = 'available' AND run_at <= %(now)s AND (a.concurrency_key IS NULL OR " + _KEY_FREE.format(t="a") + ")"
-        "  AND (a.rate_key IS NULL OR " + _RATE_FREE.format(t="a") + ")"
-        "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
+        " scan AS (SELECT * FROM (SELECT id, priority, run_at, concurrency_key, max_concurrent, rate_key, free,"
+        "   count(*) FILTER (WHERE free) OVER w AS n, row_number() OVER w AS r"
+        "  FROM (SELECT id, priority, run_at, concurrency_key, max_concurrent, rate_key,"
+        "    (a.concurrency_key IS NULL OR " + _KEY_FREE.format(t="a") + ") AS free"
+        "   FROM {s}.jobs a WHERE queue = %(queue)s AND state = 'available' AND NOT parked AND run_at <= %(now)s"
+        "   AND (a.rate_key IS NULL OR " + _RATE_FREE.format(t="a") + ")"
+        "   ORDER BY priority DESC, run_at, id FOR UPDATE SKIP LOCKED) o WINDOW w AS (ROWS UNBOUNDED PRECEDING)) c"
+        "  WHERE n <= %(limit)s AND r <= %(limit)s + " + str(_PARK_AT_ONCE) + "),"
+        " avail AS (SELECT id, priority, run_at, concurrency_key, rate_key FROM scan WHERE free),"
+        " passed AS (SELECT id, concurrency_key, coalesce(max_concurrent, 1) AS most FROM scan WHERE NOT free),"
+        " full_keys AS (SELECT concurrency_key, count(*) AS n FROM (SELECT r.concurrency_key FROM {s}.jobs r"
+        "   WHERE r.state = 'running' AND r.concurrency_key = ANY(ARRAY(SELECT DISTINCT concurrency_key FROM passed))"
+        "   FOR SHARE OF r SKIP LOCKED) k GROUP BY concurrency_key),"
+        " parked AS (UPDATE {s}.jobs SET parked = true WHERE id = ANY(ARRAY(SELECT p.id FROM passed p"
+        "   JOIN full_keys f ON f.concurrency_key = p.concurrency_key WHERE f.n >= p.most)) RETURNING 1),"
         " pick AS (SELECT id, concurrency_key, rate_key FROM (SELECT * FROM avail UNION ALL"
         "  SELECT id, priority, run_at, concurrency_key, rate_key FROM due d"
         "   WHERE (d.concurrency_key IS NULL OR " + _KEY_FREE.format(t="d") + ")"
@@ -1556,13 +1599,14 @@ def _claim_sql(*, limited: bool) -> str:
         "  heartbeat_at = %(now)s"
         " WHERE id = ANY(ARRAY(SELECT id FROM direct))"
         " RETURNING id, kind, queue, args, attempt, max_attempts, priority, run_at)"
-        " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, NULL::bigint[] FROM claimed"
+        " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, NULL::bigint[], NULL::bigint FROM claimed"
         " UNION ALL"
         " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
         "  least((SELECT min(run_at) FROM {s}.jobs WHERE queue = %(queue)s"
         "   AND state IN ('scheduled', 'retryable') AND run_at > %(now)s),"
         "   CASE WHEN (SELECT count(*) FROM pick) < %(limit)s THEN " + _RATE_NEXT + " END),"
         + held
+        + ", (SELECT count(*) FROM parked)"
     )
 
 
@@ -1665,6 +1709,14 @@ _QUERIES: dict[str, sql.SQL] = {
     # limit as this statement's snapshot sees it (`_KEY_FREE`, a probe of `jobs_running_key`), so
     # a busy key holds back nothing behind it; keyed jobs picked are not claimed here but held
     # (the last row's array) for `claim_held`, which decides under the keys' locks.
+    # Parked jobs (migration 0011): `jobs_available` leaves parked rows out, and the scan of
+    # available rows reads them with their `_KEY_FREE` as a column, counting the free ones (a
+    # window whose run condition stops the index scan after `limit` free rows, or after
+    # `_PARK_AT_ONCE` more rows). The keyed rows it passed over are parked, each only if the
+    # statement holds share locks (SKIP LOCKED) on at least its limit of its key's running rows:
+    # a row leaving `running` waits for those locks, then unparks in a snapshot of its own
+    # (`_UNPARK_FREED`). The last row carries how many were parked: the claim looks again
+    # behind them.
     "claim": sql.SQL(_claim_sql(limited=False)),
     # Under a queue's global limit: every job picked is held for `claim_held`, which counts the
     # queue's running jobs under the queue's lock.
@@ -1706,10 +1758,12 @@ _QUERIES: dict[str, sql.SQL] = {
         "  j.interrupted + " + sql_case("interrupted") + ""
         "  FROM (SELECT v ->> 0 AS kind, (v ->> 1)::float8 AS run_at, v -> 2 AS error"
         "   FROM (SELECT %(outcomes)s::jsonb -> (j.id::text || ':' || j.attempt::text) AS v OFFSET 0) r) o),"
-        "  heartbeat_at = NULL"
+        "  heartbeat_at = NULL, parked = false"
         " WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running'"
         "  AND %(outcomes)s::jsonb ? (j.id::text || ':' || j.attempt::text)"
         " RETURNING j.id, j.queue, j.state, j.run_at, j.errors -> -1 ->> 'message' AS message, j.concurrency_key),"
+        + _UNPARK_FREED
+        + ","
         # Other processes learn of the batch in the same statement (and so at its commit): one
         # NOTIFY per queue with jobs available again (a keyed job's end frees its key's slot),
         # and the finalized ids in payloads of at most 400 ids (NOTIFY payloads are limited to
@@ -1723,14 +1777,15 @@ _QUERIES: dict[str, sql.SQL] = {
         "  LATERAL (SELECT pg_notify(%(events_channel)s, 'f:' || b.ids)) x)"
         # (The two counts are one-time filters: they make both NOTIFY sets run, once.)
         " SELECT id, queue, state, run_at, message, concurrency_key FROM upd"
-        " WHERE (SELECT n FROM ready) >= 0 AND (SELECT n FROM done) >= 0"
+        " WHERE (SELECT n FROM ready) >= 0 AND (SELECT n FROM done) >= 0 AND coalesce((SELECT n FROM freed), 0) >= 0"
     ),
     "cancel": sql.SQL(
         # on_cancel (transitions): a final job is left alone, a running one gets its request
         # (once: a second cancel changes nothing and tells nobody), a pending one ends now.
         # The update names its row by id, not only through `cur`: joined to `cur` alone, a plan
         # made on an empty analyzed table walked the whole primary key for it.
-        "WITH cur AS (SELECT id, state, cancel_requested FROM {s}.jobs WHERE id = %(id)s FOR UPDATE),"
+        "WITH cur AS (SELECT id, queue, state, cancel_requested, concurrency_key, parked FROM {s}.jobs"
+        "  WHERE id = %(id)s FOR UPDATE),"
         " upd AS (UPDATE {s}.jobs j SET"
         "  state = CASE WHEN cur.state = 'running' THEN 'running' ELSE 'cancelled' END,"
         "  cancel_requested = CASE WHEN cur.state = 'running' THEN true ELSE j.cancel_requested END,"
@@ -1741,8 +1796,14 @@ _QUERIES: dict[str, sql.SQL] = {
         # the wake-up rides in the same statement: one round trip, so a cancel either happened
         # with its NOTIFY or not at all (cancel-atomic)
         " n AS (SELECT pg_notify(%(channel)s, CASE WHEN upd.state = 'running' THEN 'c:' ELSE 'f:' END || upd.id)"
-        "  FROM upd)"
-        " SELECT cur.state, coalesce(upd.state, cur.state), upd.message, (SELECT count(*) FROM n), upd.id IS NOT NULL"
+        "  FROM upd),"
+        # A cancelled unparked job of a key may be the one a freed slot brought back: the key's
+        # best parked job takes its place (migration 0011), and the queue is told.
+        " freed AS (SELECT pg_notify(%(jobs_channel)s, cur.queue) FROM cur JOIN upd ON upd.id = cur.id"
+        "  WHERE cur.state = 'available' AND NOT cur.parked AND cur.concurrency_key IS NOT NULL"
+        "   AND {s}.unpark_keys(ARRAY[cur.concurrency_key], ARRAY[1]) > 0)"
+        " SELECT cur.state, coalesce(upd.state, cur.state), upd.message, (SELECT count(*) FROM n), upd.id IS NOT NULL,"
+        "  (SELECT count(*) FROM freed), cur.queue"
         " FROM cur LEFT JOIN upd ON upd.id = cur.id"
     ),
     # The outcome statement's shape (see there): rows by primary key, the attempt fenced by
@@ -1764,8 +1825,8 @@ _QUERIES: dict[str, sql.SQL] = {
         # A running row with no heartbeat (written by hand) is stale too, or it would run never.
         "WITH stale AS (SELECT id FROM {s}.jobs WHERE state = 'running'"
         "  AND (heartbeat_at < %(before)s OR heartbeat_at IS NULL)"
-        "  FOR UPDATE SKIP LOCKED)"
-        " UPDATE {s}.jobs j SET"
+        "  FOR UPDATE SKIP LOCKED),"
+        " upd AS (UPDATE {s}.jobs j SET"
         "  state = CASE WHEN j.cancel_requested THEN 'cancelled'"
         "   WHEN j.attempt >= j.max_attempts THEN 'discarded' ELSE 'available' END,"
         "  run_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN j.run_at ELSE %(now)s END,"
@@ -1776,10 +1837,15 @@ _QUERIES: dict[str, sql.SQL] = {
         "   || ' (worker lost)', 'rescued: its running row had no readable heartbeat (worker lost)'))), "
         + _KEEP_ERRORS
         + "),"
-        "  failed_attempts = j.failed_attempts + 1, heartbeat_at = NULL"
+        "  failed_attempts = j.failed_attempts + 1, heartbeat_at = NULL, parked = false"
         " WHERE j.id = ANY(ARRAY(SELECT id FROM stale))"
-        " RETURNING j.id, j.queue, j.state, j.errors -> -1 ->> 'message', j.concurrency_key"
+        " RETURNING j.id, j.queue, j.state, j.errors -> -1 ->> 'message' AS message, j.concurrency_key),"
+        + _UNPARK_FREED
+        + " SELECT id, queue, state, message, concurrency_key FROM upd WHERE coalesce((SELECT n FROM freed), 0) >= 0"
     ),
+    # Keys the rescuer's pass finds parked with a free slot (migration 0011): a repair that is
+    # normally a no-op.
+    "repair_parked": sql.SQL("SELECT queue FROM {s}.repair_parked()"),
     # Per state, the oldest final rows through jobs_finalized (state, finalized_at), then deleted
     # by primary key: no plan can scan the table for them, whatever it holds.
     "delete_finished": sql.SQL(

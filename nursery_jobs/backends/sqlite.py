@@ -31,6 +31,7 @@ autojump see a database call as work; that mode has no wake-up sockets (it runs 
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import json
 import logging
@@ -67,7 +68,9 @@ from .protocol import (
     Route,
     ScheduleState,
 )
-from .transitions import CancelAction, admit_rated, after_outcome, after_rescue, check_room, on_cancel, rate_log
+from .transitions import (
+    CancelAction, admit_rated, after_outcome, after_rescue, check_room, on_cancel, parked_can_start, rate_log, unparks,
+)  # fmt: skip
 from .rows import (
     SET_ASIDE_COLUMNS,
     STATES,
@@ -85,9 +88,10 @@ __all__ = ["SqliteBackend", "SqliteCursor", "SqliteTransaction"]
 
 log = logging.getLogger("nursery_jobs")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """2 added the concurrency key and its limit (`_UPGRADE_2`), 3 the rate key and its rate
-(`_UPGRADE_3`): an older file is upgraded in place when opened."""
+(`_UPGRADE_3`), 4 the parked flag of a full key's jobs (`_UPGRADE_4`): an older file is
+upgraded in place when opened."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS nj_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -114,11 +118,9 @@ CREATE TABLE IF NOT EXISTS nj_jobs (
     max_concurrent INTEGER,
     rate_key TEXT,
     rate_limit INTEGER,
-    rate_per REAL
+    rate_per REAL,
+    parked INTEGER NOT NULL DEFAULT 0
 );
--- Claim order, over claimable rows only, so claim cost does not grow with finished rows.
-CREATE INDEX IF NOT EXISTS nj_jobs_claim ON nj_jobs (queue, priority DESC, run_at, id)
-    WHERE state IN ('available', 'scheduled', 'retryable');
 CREATE INDEX IF NOT EXISTS nj_jobs_due ON nj_jobs (queue, run_at)
     WHERE state IN ('available', 'scheduled', 'retryable');
 CREATE INDEX IF NOT EXISTS nj_jobs_running ON nj_jobs (heartbeat_at) WHERE state = 'running';
@@ -157,13 +159,24 @@ _UPGRADE_3 = (
     "ALTER TABLE nj_jobs ADD COLUMN rate_limit INTEGER",
     "ALTER TABLE nj_jobs ADD COLUMN rate_per REAL",
 )
-_KEY_INDEX = (
+_UPGRADE_4 = ("ALTER TABLE nj_jobs ADD COLUMN parked INTEGER NOT NULL DEFAULT 0", "DROP INDEX IF EXISTS nj_jobs_claim")
+_KEY_INDEXES = (
     # The running jobs of a concurrency key, counted by every claim that meets the key.
     "CREATE INDEX IF NOT EXISTS nj_jobs_running_key ON nj_jobs (concurrency_key)"
-    " WHERE state = 'running' AND concurrency_key IS NOT NULL"
+    " WHERE state = 'running' AND concurrency_key IS NOT NULL",
+    # Claim order, over claimable rows that are not parked only, so claim cost grows neither
+    # with finished rows nor with the backlog of full keys.
+    "CREATE INDEX IF NOT EXISTS nj_jobs_claimable ON nj_jobs (queue, priority DESC, run_at, id)"
+    " WHERE state IN ('available', 'scheduled', 'retryable') AND parked = 0",
+    # A key's parked jobs in claim order: its best one comes back when a slot frees.
+    "CREATE INDEX IF NOT EXISTS nj_jobs_parked ON nj_jobs (concurrency_key, priority DESC, run_at, id)"
+    " WHERE state = 'available' AND parked = 1",
 )
 
 _PENDING = "('available', 'scheduled', 'retryable')"
+_PARK_AT_ONCE = 1000
+"""A claim reads at most this many due jobs beyond the number it was asked for, parking those
+of full keys: a large backlog is parked over several claims, each a bounded transaction."""
 _IDS_PER_STATEMENT = 500
 _COUNT_PENDING = (
     "SELECT count(*) FROM (SELECT 1 FROM nj_jobs INDEXED BY nj_jobs_due WHERE queue = ?"
@@ -182,18 +195,72 @@ class _RunningByKey(Mapping[str, int]):
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
+        self._read: dict[str, int] = {}
 
     def __getitem__(self, key: str) -> int:
-        row = self._conn.execute(
-            "SELECT count(*) FROM nj_jobs WHERE state = 'running' AND concurrency_key = ?", (key,)
-        ).fetchone()
-        return int(row[0]) if row else 0
+        n = self._read.get(key)
+        if n is None:
+            row = self._conn.execute(
+                "SELECT count(*) FROM nj_jobs WHERE state = 'running' AND concurrency_key = ?", (key,)
+            ).fetchone()
+            n = self._read[key] = int(row[0]) if row else 0
+        return n
 
     def __iter__(self) -> Iterator[str]:
         return iter(())
 
     def __len__(self) -> int:
         return 0
+
+
+def _passed_over(seen: Sequence[tuple[int, str | None, int]], started: Sequence[int], running: Mapping[str, int]) -> list[tuple[int]]:
+    """The jobs a claim read and did not start because their key is full: `seen` are (id, key,
+    limit) in the order read, `started` the indexes it started, `running` each key's running
+    jobs before the claim. Each key's count includes what the claim started."""
+    taken = collections.Counter(seen[i][1] for i in started)
+    chosen = set(started)
+    return [
+        (job_id,)
+        for i, (job_id, key, most) in enumerate(seen)
+        if key is not None and i not in chosen and running[key] + taken[key] >= most
+    ]
+
+
+def _unpark(conn: sqlite3.Connection, keys: Sequence[Any]) -> int:
+    """Bring back into claim order the best parked job of its key once per entry of `keys`
+    (`transitions.unparks`): the job is claimable again, in the transaction that freed its
+    place. Returns how many came back."""
+    back = 0
+    for key, n in collections.Counter(keys).items():
+        back += conn.execute(
+            "UPDATE nj_jobs SET parked = 0 WHERE id IN (SELECT id FROM nj_jobs WHERE concurrency_key = ?"
+            " AND state = 'available' AND parked = 1 ORDER BY priority DESC, run_at, id LIMIT ?)",
+            (key, n),
+        ).rowcount
+    return back
+
+
+def _repair_parked(conn: sqlite3.Connection) -> list[str]:
+    """The rescuer's repair (`transitions.parked_can_start`): a key with parked jobs and a free
+    slot brings back its best one; normally there is none (only a row written by something else
+    can leave one). Returns the queue of each job brought back."""
+    queues = []
+    for (key,) in conn.execute("SELECT DISTINCT concurrency_key FROM nj_jobs WHERE state = 'available' AND parked = 1").fetchall():
+        head = conn.execute(
+            "SELECT id, queue, max_concurrent FROM nj_jobs WHERE concurrency_key = ? AND state = 'available' AND parked = 1"
+            " ORDER BY priority DESC, run_at, id LIMIT 1",
+            (key,),
+        ).fetchone()
+        if head is None:  # pragma: no cover - the DISTINCT above found one, under the write lock
+            continue
+        (running,) = conn.execute(
+            "SELECT count(*) FROM nj_jobs WHERE state = 'running' AND concurrency_key = ?", (key,)
+        ).fetchone()
+        limit = head[2] if isinstance(head[2], int) and head[2] >= 1 else None
+        if parked_can_start(running, limit):
+            conn.execute("UPDATE nj_jobs SET parked = 0 WHERE id = ?", (head[0],))
+            queues.append(str(head[1]))
+    return queues
 
 
 class _RateStarts(Mapping[str, Sequence[float]]):
@@ -589,22 +656,26 @@ class SqliteBackend:
 
     @staticmethod
     def _upgrade(conn: sqlite3.Connection) -> None:
-        """Bring an older file to version 3, in one write transaction (another process may be
-        opening the same file): the two columns of the concurrency key (from 1), the three of
-        the rate key (from 1 or 2), then the key's index."""
+        """Bring an older file to this version, in one write transaction (another process may
+        be opening the same file): the two columns of the concurrency key (from 1), the three of
+        the rate key (from 1 or 2), the parked flag (from 1, 2 or 3), then the indexes that use
+        them."""
         conn.execute("BEGIN IMMEDIATE")
         try:
             (version,) = conn.execute("SELECT value FROM nj_meta WHERE key = 'schema_version'").fetchone()
             if version == "1":
                 for statement in _UPGRADE_2:
                     conn.execute(statement)
-                conn.execute("UPDATE nj_meta SET value = '2' WHERE key = 'schema_version'")
             if version in ("1", "2"):
                 for statement in _UPGRADE_3:
                     conn.execute(statement)
-                conn.execute("UPDATE nj_meta SET value = '3' WHERE key = 'schema_version'")
             if version in ("1", "2", "3"):
-                conn.execute(_KEY_INDEX)
+                for statement in _UPGRADE_4:
+                    conn.execute(statement)
+                conn.execute("UPDATE nj_meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+            if version in ("1", "2", "3", str(SCHEMA_VERSION)):
+                for statement in _KEY_INDEXES:
+                    conn.execute(statement)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -911,10 +982,12 @@ class SqliteBackend:
         now = self.now()
 
         def body(conn: sqlite3.Connection) -> tuple[ClaimResult, list[BackendEvent]]:
-            # The due jobs in claim order, read lazily: `transitions.admit` takes them one by
-            # one and stops at `limit`. Keys at their limit are passed over in the scan itself;
-            # `admit` counts the jobs of one key this claim takes. SQLite has one writer, and
-            # this runs under its write lock (BEGIN IMMEDIATE): the counts are exact.
+            # The due jobs that are not parked, in claim order, read lazily: `transitions.admit`
+            # takes them one by one, counting each key's running jobs once, and stops at
+            # `limit`. A keyed job it passes over (its key is full) is parked, so later claims
+            # do not read it again; a job of the key leaving `running` brings the best one back
+            # (`_unpark`). At most `_PARK_AT_ONCE` are read beyond `limit`. SQLite has one
+            # writer, and this runs under its write lock (BEGIN IMMEDIATE): the counts are exact.
             queue_running = 0
             if max_running is not None:
                 (queue_running,) = conn.execute(
@@ -922,34 +995,33 @@ class SqliteBackend:
                 ).fetchone()
             cur = conn.execute(
                 "SELECT id, concurrency_key, max_concurrent, rate_key, rate_limit, rate_per"
-                f" FROM nj_jobs j WHERE queue = ?2 AND state IN {_PENDING}"
-                "  AND run_at <= ?1 AND (concurrency_key IS NULL OR (SELECT count(*) FROM nj_jobs r"
-                "   WHERE r.state = 'running' AND r.concurrency_key = j.concurrency_key) < coalesce(j.max_concurrent, 1))"
-                " ORDER BY priority DESC, run_at, id",
-                (now, queue),
+                f" FROM nj_jobs WHERE queue = ?2 AND state IN {_PENDING}"
+                "  AND parked = 0 AND run_at <= ?1 ORDER BY priority DESC, run_at, id LIMIT ?3",
+                (now, queue, limit + _PARK_AT_ONCE),
             )
-            seen: list[int] = []
+            seen: list[tuple[int, str | None, int]] = []
             rates: list[tuple[str, int, float] | None] = []
 
             def candidates() -> Any:
                 for job_id, key, most, rkey, rlimit, rper in cur:
-                    seen.append(job_id)
+                    seen.append((job_id, None if key is None else str(key), most if isinstance(most, int) and most >= 1 else 1))
                     rate = _rate_of(rkey, rlimit, rper)
                     rates.append(rate)
-                    yield (None if key is None else str(key)), (most if isinstance(most, int) and most >= 1 else 1), *(
-                        rate or (None, None, None)
-                    )
+                    yield *seen[-1][1:], *(rate or (None, None, None))
 
             starts = _RateStarts(conn)
+            running = _RunningByKey(conn)
             verdict = admit_rated(
-                candidates(), _RunningByKey(conn), starts, want=limit, now=now, queue_running=queue_running,
+                candidates(), running, starts, want=limit, now=now, queue_running=queue_running,
                 max_running=max_running,
             )  # fmt: skip
             cur.close()
             picked = verdict.started
             if verdict.rate_started:
                 _record_starts(conn, starts, [rates[i] for i in picked], verdict.rate_started, now)
-            ids = [seen[i] for i in picked]
+            ids = [seen[i][0] for i in picked]
+            passed = _passed_over(seen, picked, running)  # a job passed over for its rate alone is not parked
+            conn.executemany("UPDATE nj_jobs SET state = 'available', parked = 1 WHERE id = ?", passed)
             rows = []
             for i in range(0, len(ids), _IDS_PER_STATEMENT):
                 chunk = ids[i : i + _IDS_PER_STATEMENT]
@@ -967,7 +1039,9 @@ class SqliteBackend:
                     claimed.append((read, r[7]))
                 else:  # a row written by something else, with a column that cannot be read
                     events.append(self._set_aside(conn, r[0], read, now))
-            if events:  # rows set aside took places in this claim: the queue may hold more
+            if events or (passed and len(rows) < limit):
+                # rows set aside took places in this claim, or jobs may wait behind the ones it
+                # parked: the queue may hold more
                 events.append(JobsAvailable(queue))
             next_due = self._next_due(conn, queue, now, events)
             if verdict.rate_next is not None and (next_due is None or verdict.rate_next < next_due):
@@ -1053,6 +1127,7 @@ class SqliteBackend:
             events: list[BackendEvent] = []
             finals: list[tuple[Any, ...]] = []
             again: list[tuple[Any, ...]] = []
+            freed: list[Any] = []
             for out in outcomes:
                 row = current.get(out.job_id)
                 if row is None:
@@ -1074,6 +1149,8 @@ class SqliteBackend:
                     now=now,
                 )
                 errors_text = json.dumps(errors) if errors else None
+                if key is not None:
+                    freed += [key] * unparks(JobState.RUNNING, nxt.state)
                 if nxt.state.final:
                     finals.append((nxt.state.value, now, errors_text, nxt.failed, out.job_id))
                     events.append(JobFinalized(out.job_id, nxt.state, errors[-1]["message"] if errors else None))
@@ -1090,16 +1167,17 @@ class SqliteBackend:
             if finals:
                 conn.executemany(
                     "UPDATE nj_jobs SET state = ?, finalized_at = ?, errors = ?, failed_attempts = failed_attempts + ?,"
-                    " heartbeat_at = NULL WHERE id = ?",
+                    " heartbeat_at = NULL, parked = 0 WHERE id = ?",
                     finals,
                 )
             if again:
                 conn.executemany(
                     "UPDATE nj_jobs SET state = ?, attempt = attempt - ?, run_at = ?, errors = ?,"
-                    " failed_attempts = failed_attempts + ?, interrupted = interrupted + ?, heartbeat_at = NULL"
-                    " WHERE id = ?",
+                    " failed_attempts = failed_attempts + ?, interrupted = interrupted + ?, heartbeat_at = NULL,"
+                    " parked = 0 WHERE id = ?",
                     again,
                 )
+            _unpark(conn, freed)
             return events
 
         events: list[BackendEvent] = await self._call(self._tx, body)
@@ -1109,7 +1187,9 @@ class SqliteBackend:
         now = self.now()
 
         def body(conn: sqlite3.Connection) -> tuple[JobState, list[BackendEvent]]:
-            row = conn.execute("SELECT state, errors FROM nj_jobs WHERE id = ?", (job_id,)).fetchone()
+            row = conn.execute(
+                "SELECT state, errors, concurrency_key, parked, queue FROM nj_jobs WHERE id = ?", (job_id,)
+            ).fetchone()
             if row is None:
                 raise JobNotFound(f"no job with id {job_id} in {self.url}")
             state = STATES.get(row[0]) if isinstance(row[0], str) else None
@@ -1121,9 +1201,12 @@ class SqliteBackend:
             if action is CancelAction.REQUEST:
                 cur = conn.execute("UPDATE nj_jobs SET cancel_requested = 1 WHERE id = ? AND cancel_requested = 0", (job_id,))
                 return state, [CancelRequested(job_id)] if cur.rowcount else []
-            conn.execute("UPDATE nj_jobs SET state = 'cancelled', finalized_at = ? WHERE id = ?", (now, job_id))
+            conn.execute("UPDATE nj_jobs SET state = 'cancelled', finalized_at = ?, parked = 0 WHERE id = ?", (now, job_id))
             errors, _ = read_errors(row[1])
-            return JobState.CANCELLED, [JobFinalized(job_id, JobState.CANCELLED, errors[-1]["message"] if errors else None)]
+            events: list[BackendEvent] = [JobFinalized(job_id, JobState.CANCELLED, errors[-1]["message"] if errors else None)]
+            if row[2] is not None and _unpark(conn, [row[2]] * unparks(state, JobState.CANCELLED, parked=bool(row[3]))):
+                events.append(JobsAvailable(str(row[4])))  # its key's next job took its place
+            return JobState.CANCELLED, events
 
         state, events = await self._call(self._tx, body)
         self._emit(events)
@@ -1165,6 +1248,7 @@ class SqliteBackend:
                 (stale_before,),
             ).fetchall()
             events: list[BackendEvent] = []
+            freed: list[Any] = []
             for job_id, queue, attempt, max_attempts, beat, errors_json, cancel_requested, key in rows:
                 if not (isinstance(attempt, int) and isinstance(max_attempts, int) and isinstance(queue, str)):
                     damage = [
@@ -1185,10 +1269,12 @@ class SqliteBackend:
                 nxt = after_rescue(
                     attempt=attempt, max_attempts=max_attempts, cancel_requested=bool(cancel_requested), now=now
                 )
+                if key is not None:
+                    freed += [key] * unparks(JobState.RUNNING, nxt.state)
                 if nxt.state.final:
                     conn.execute(
                         "UPDATE nj_jobs SET state = ?, finalized_at = ?, errors = ?, failed_attempts = failed_attempts + ?,"
-                        " heartbeat_at = NULL WHERE id = ?",
+                        " heartbeat_at = NULL, parked = 0 WHERE id = ?",
                         (nxt.state.value, now, json.dumps(errors), nxt.failed, job_id),
                     )
                     events.append(JobFinalized(job_id, nxt.state, message))
@@ -1197,10 +1283,12 @@ class SqliteBackend:
                 else:
                     conn.execute(
                         "UPDATE nj_jobs SET state = ?, run_at = ?, errors = ?,"
-                        " failed_attempts = failed_attempts + ?, heartbeat_at = NULL WHERE id = ?",
+                        " failed_attempts = failed_attempts + ?, heartbeat_at = NULL, parked = 0 WHERE id = ?",
                         (nxt.state.value, nxt.run_at, json.dumps(errors), nxt.failed, job_id),
                     )
                     events.append(JobsAvailable(queue))
+            _unpark(conn, freed)
+            events += [JobsAvailable(q) for q in _repair_parked(conn)]
             return [r[0] for r in rows], events
 
         rescued, events = await self._call(self._tx, body)

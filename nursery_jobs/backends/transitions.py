@@ -23,6 +23,15 @@ decided here, once:
   per-key locks, `pg_migrations/0006_concurrency_keys.sql`). A job's slot is its `running`
   row: there is no other record to free, so a job that leaves `running` by any transition
   above (an outcome, a rescue) frees it in the same write.
+- `unparks` and `parked_can_start` say when a key's *parked* jobs come back. A due job that a
+  claim passes over because its key is at its limit is parked: it stays `available`, but
+  claims no longer read it (on memory, its heap entry is set aside under its key; on SQLite
+  and PostgreSQL, a flag that keeps it out of the claim's index). So a claim's cost does not
+  grow with the backlog of full keys. Each change that frees a place brings back the key's
+  best parked job, in claim order: a job leaving `running` (its slot), and a cancelled
+  pending job that was not parked (it may be the one a freed slot brought back). A rescue
+  pass repairs any key left with parked jobs and a free slot (`parked_can_start`), so
+  nothing can keep a key parked for ever.
 - `rate_slot` says whether a job under a rate limit may start now, given its rate key's recorded
   starts, and if not when its next slot comes; `admit_rated` applies it with the concurrency
   limits, `rate_log` says what a key's record becomes after a claim (its starts of the last
@@ -66,9 +75,11 @@ __all__ = [
     "check_room",
     "on_cancel",
     "on_failure",
+    "parked_can_start",
     "rate_idle",
     "rate_log",
     "rate_slot",
+    "unparks",
 ]
 
 
@@ -320,6 +331,24 @@ def rate_idle(last_start: float, per: float, now: float) -> bool:
     """A key whose latest start is `per` seconds old (`per`: the longest window its jobs
     carried) constrains no start any more: its record may be dropped."""
     return last_start + per <= now
+
+
+def unparks(before: JobState, after: JobState, *, parked: bool = False) -> int:
+    """How many of its key's parked jobs a keyed job's change from `before` to `after` brings
+    back into claim order: one when it leaves `running` (its slot is free), one when an
+    available job that was not parked is cancelled (it may have been the job a freed slot brought back),
+    else none. `parked`: the job itself was parked (a parked job holds no place)."""
+    if before is JobState.RUNNING and after is not JobState.RUNNING:
+        return 1
+    if before is JobState.AVAILABLE and not parked and after is JobState.CANCELLED:
+        return 1
+    return 0
+
+
+def parked_can_start(running: int, limit: int | None) -> bool:
+    """The repair's test: a key with `running` jobs running and parked jobs whose best one has
+    `limit` (None: 1) has a free slot, so that job must come back into claim order."""
+    return running < (limit or 1)
 
 
 PENDING = (JobState.AVAILABLE, JobState.SCHEDULED, JobState.RETRYABLE)

@@ -15,6 +15,7 @@ import pytest
 import trio
 
 import nursery_jobs as nj
+from nursery_jobs.backends import NewJob
 from tests.registry import Damage
 
 
@@ -132,3 +133,20 @@ async def test_a_row_with_unreadable_columns_is_set_aside_and_the_rest_goes_on(
     assert stats.completed == 2 and stats.discarded == 1 and stats.queued == 0
     warnings = [r.getMessage() for r in caplog.records if "set aside" in r.getMessage()]
     assert len(warnings) == 1 and f"job {ids[1]} set aside" in warnings[0] and column in warnings[0], warnings
+
+
+async def test_a_key_left_parked_with_a_free_slot_is_repaired_by_the_rescue_pass(make_backend, damage: Damage, autojump_clock):
+    """A job marked parked by hand (or by an older runtime) while nothing of its key runs: no
+    claim would read it, so the rescuer's pass brings it back, and it runs. (The backend alone,
+    with no runtime whose own rescuer could pass first.)"""
+    backend = make_backend()
+    await backend.open()
+    try:
+        (job,) = await backend.insert_many([NewJob("keyed", "q", "{}", 0, None, 5, None, "k", 1)])
+        damage.write(backend, job.id, "parked = ?", (True,))
+        before = await backend.claim("q", 10)
+        await backend.rescue(backend.now() - 60)
+        after = await backend.claim("q", 10)
+    finally:
+        await backend.close()
+    assert before.jobs == [] and [j.id for j in after.jobs] == [job.id]

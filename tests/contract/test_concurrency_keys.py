@@ -187,3 +187,109 @@ async def test_concurrent_claims_never_run_more_than_the_limit_of_a_key(store, a
         for job_id in batch:
             per_key[(job_id - 1) % 4] = per_key.get((job_id - 1) % 4, 0) + 1
     assert per_key == {0: 1, 1: 1, 2: 1, 3: 2}  # k3's limit is 2, the others' 1
+
+
+# -- a full key's backlog, passed over (parked) and brought back as slots free --
+
+
+async def finish(backend: nj.Backend, job_id: int, kind: OutcomeKind = OutcomeKind.COMPLETED) -> None:
+    await backend.finish_many([Outcome(job_id, (await backend.get_job(job_id)).attempt, kind)])
+
+
+async def test_a_passed_over_backlog_starts_by_priority_then_enqueue_order_as_slots_free(make_backend, autojump_clock) -> None:
+    """Claims pass over the busy key's backlog (the durable backends park it); each freed slot
+    brings back its best job, and a job enqueued meanwhile takes its place in that order."""
+    async with opened(make_backend) as backend:
+        ids = [r.id for r in await backend.insert_many([keyed("k", priority=p) for p in (9, 0, 3, 0, 1)])]
+        (other,) = [r.id for r in await backend.insert_many([keyed("other")])]
+        first = await ids_of(backend, 10)
+        passed = await ids_of(backend, 10)
+        order = []
+        for n in range(5):
+            await finish(backend, first[0] if n == 0 else order[-1])
+            if n == 1:
+                (late,) = [r.id for r in await backend.insert_many([keyed("k", priority=2)])]
+            order += await ids_of(backend, 10)
+    assert first == [ids[0], other] and passed == []
+    assert order == [ids[2], late, ids[4], ids[1], ids[3]]
+
+
+async def test_a_rescue_brings_back_a_crashed_workers_passed_over_backlog(make_backend, autojump_clock) -> None:
+    async with opened(make_backend) as backend:
+        ids = [r.id for r in await backend.insert_many([keyed("k") for _ in range(4)])]
+        assert await ids_of(backend, 10) == [ids[0]]  # a worker that then dies without a word
+        assert await ids_of(backend, 10) == []  # the rest passed over
+        await trio.sleep(100)
+        assert await backend.rescue(backend.now() - 10) == [ids[0]]
+        after = []
+        for _ in range(4):
+            got = await ids_of(backend, 10)
+            after += got
+            await finish(backend, got[0])
+    assert len(after) == 4 and sorted(after) == ids  # one at a time, none left behind
+    assert after[0] == ids[1]  # the rescued job went back in line at the time of its rescue
+
+
+async def test_a_given_back_job_and_the_passed_over_backlog_keep_their_order(make_backend, autojump_clock) -> None:
+    """A shutdown gives the running job back (back in line as of now, its attempt returned):
+    the key's next job starts, and the given-back one after the jobs that were due before it."""
+    async with opened(make_backend) as backend:
+        await trio.sleep(1)
+        ids = [r.id for r in await backend.insert_many([keyed("k") for _ in range(3)])]
+        assert await ids_of(backend, 10) == [ids[0]]
+        assert await ids_of(backend, 10) == []
+        await trio.sleep(1)
+        await finish(backend, ids[0], OutcomeKind.INTERRUPTED)
+        order = []
+        for _ in range(3):
+            (job,) = (await backend.claim(Q, 10)).jobs
+            order.append((job.id, job.attempt))
+            await finish(backend, job.id)
+    assert order == [(ids[1], 1), (ids[2], 1), (ids[0], 1)]
+
+
+async def test_cancelling_a_passed_over_job_leaves_the_rest_of_its_key_in_order(make_backend, autojump_clock) -> None:
+    async with opened(make_backend) as backend:
+        ids = [r.id for r in await backend.insert_many([keyed("k") for _ in range(4)])]
+        assert await ids_of(backend, 10) == [ids[0]]
+        assert await ids_of(backend, 10) == []
+        assert await backend.cancel(ids[2]) is nj.JobState.CANCELLED
+        await finish(backend, ids[0])
+        second = await ids_of(backend, 10)
+        await finish(backend, ids[1])
+        third = await ids_of(backend, 10)
+        stats = (await backend.stats())[Q]
+    assert second == [ids[1]] and third == [ids[3]] and (stats.cancelled, stats.available) == (1, 0)
+
+
+async def test_cancelling_the_job_a_freed_slot_brought_back_brings_back_the_next(make_backend, autojump_clock) -> None:
+    async with opened(make_backend) as backend:
+        ids = [r.id for r in await backend.insert_many([keyed("k") for _ in range(3)])]
+        assert await ids_of(backend, 10) == [ids[0]]
+        assert await ids_of(backend, 10) == []
+        await finish(backend, ids[0])  # ids[1] may start now
+        events = listen(backend)
+        await backend.cancel(ids[1])
+        after = await ids_of(backend, 10)
+    assert after == [ids[2]] and JobsAvailable(Q) in events
+
+
+async def test_a_backlog_longer_than_one_claim_reads_holds_back_no_other_key(make_backend, autojump_clock) -> None:
+    """More of the busy key's jobs than a claim passes over at once: the claim that stops
+    among them wakes the queue (so the fetcher claims again at once), and the other key's job
+    starts within a few claims, each of them bounded."""
+    async with opened(make_backend) as backend:
+        busy = [r.id for r in await backend.insert_many([keyed("busy") for _ in range(2_500)])]
+        (other,) = [r.id for r in await backend.insert_many([keyed("other")])]
+        assert await ids_of(backend, 1) == [busy[0]]
+        events = listen(backend)
+        got: list[int] = []
+        claims = 0
+        while not got and claims < 10:
+            got = await ids_of(backend, 1)
+            claims += 1
+            assert got or JobsAvailable(Q) in events  # an empty claim that passed jobs over asks for another
+            events.clear()
+        await finish(backend, busy[0])
+        nxt = await ids_of(backend, 1)
+    assert got == [other] and nxt == [busy[1]]

@@ -150,7 +150,7 @@ def _statements(schema: str, running: list[int]) -> dict[str, list[Any]]:
         },
         "heartbeat": [1e12, _int_array(ids), _attempt_keys([(i, 1) for i in ids])],
         "rescue": {"before": 0.5, "now": 1e12},  # nothing stale: the scan must still not touch the table
-        "cancel": {"id": running[0], "now": 1e12, "channel": f"{schema}_events"},
+        "cancel": {"id": running[0], "now": 1e12, "channel": f"{schema}_events", "jobs_channel": f"{schema}_jobs"},
         "delete_finished": {"states": "{completed,cancelled,discarded}", "befores": "{50.0,50.0,50.0}", "limit": 1000, "now": 1e12},
     }
 

@@ -1,6 +1,6 @@
 """A SQLite file of an older schema version is upgraded in place when opened: version 1 (no
-limits) and version 2 (concurrency keys, no rate keys) both become version 3, keep their jobs,
-and take rate-keyed jobs at once."""
+limits), version 2 (concurrency keys, no rate keys) and version 3 (no parked flag) all become
+version 4, keep their jobs, take rate-keyed jobs at once, and park a full key's backlog."""
 
 from __future__ import annotations
 
@@ -17,10 +17,18 @@ def _downgrade(path: str, version: int) -> None:
     """The file as that version left it: its columns, its version number, one pending job."""
     conn = sqlite3.connect(path)
     try:
-        conn.execute("ALTER TABLE nj_jobs DROP COLUMN rate_key")
-        conn.execute("ALTER TABLE nj_jobs DROP COLUMN rate_limit")
-        conn.execute("ALTER TABLE nj_jobs DROP COLUMN rate_per")
-        conn.execute("DROP TABLE nj_rate")
+        conn.execute("DROP INDEX nj_jobs_claimable")  # back before version 4: no parked flag
+        conn.execute("DROP INDEX nj_jobs_parked")
+        conn.execute("ALTER TABLE nj_jobs DROP COLUMN parked")
+        conn.execute(
+            "CREATE INDEX nj_jobs_claim ON nj_jobs (queue, priority DESC, run_at, id)"
+            " WHERE state IN ('available', 'scheduled', 'retryable')"
+        )
+        if version <= 2:
+            conn.execute("ALTER TABLE nj_jobs DROP COLUMN rate_key")
+            conn.execute("ALTER TABLE nj_jobs DROP COLUMN rate_limit")
+            conn.execute("ALTER TABLE nj_jobs DROP COLUMN rate_per")
+            conn.execute("DROP TABLE nj_rate")
         if version == 1:
             conn.execute("DROP INDEX nj_jobs_running_key")
             conn.execute("ALTER TABLE nj_jobs DROP COLUMN concurrency_key")
@@ -35,7 +43,7 @@ def _downgrade(path: str, version: int) -> None:
         conn.close()
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 async def test_an_older_file_is_upgraded_and_takes_rate_keyed_jobs(tmp_path, version: int, autojump_clock) -> None:
     path = str(tmp_path / "jobs.db")
     backend = SqliteBackend(path, clock=trio.current_time)
@@ -57,7 +65,36 @@ async def test_an_older_file_is_upgraded_and_takes_rate_keyed_jobs(tmp_path, ver
         (records,) = conn.execute("SELECT count(*) FROM nj_rate").fetchone()
     finally:
         conn.close()
-    assert SCHEMA_VERSION == 3 and stored == "3"
+    assert SCHEMA_VERSION == 4 and stored == "4"
     assert sorted(j.kind for j in first.jobs) == ["new", "old"]  # the old job, and one start of the key
     assert second.jobs == [] and second.next_due is not None  # the key's second job waits for its slot
     assert records == 1
+
+
+@pytest.mark.parametrize("version", [2, 3])
+async def test_an_older_file_is_upgraded_and_its_keyed_jobs_run_in_order(tmp_path, version: int, autojump_clock) -> None:
+    """Keyed jobs stored before the parked flag: a claim passes over (parks) the full key's
+    backlog, and the key's next job comes back when the first one's worker is rescued."""
+    path = str(tmp_path / "jobs.db")
+    backend = SqliteBackend(path, clock=trio.current_time)
+    await backend.open()
+    ids = [r.id for r in await backend.insert_many([NewJob("w", "q", "{}", 0, None, 5, None, "k", 1) for _ in range(3)])]
+    await backend.close()
+    _downgrade(path, version)
+
+    backend = SqliteBackend(path, clock=trio.current_time)
+    await backend.open()
+    try:
+        first = sorted(j.id for j in (await backend.claim("q", 10)).jobs)
+        passed = [j.id for j in (await backend.claim("q", 10)).jobs]
+        await trio.sleep(10)
+        await backend.rescue(backend.now() - 1)  # the first one's worker is gone: back in line as of now
+        second = sorted(j.id for j in (await backend.claim("q", 10)).jobs)
+    finally:
+        await backend.close()
+    conn = sqlite3.connect(path)
+    indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    conn.close()
+    assert {"nj_jobs_claimable", "nj_jobs_parked"} <= indexes and "nj_jobs_claim" not in indexes
+    old = ids[-1] + 1  # the unkeyed job the older file held, rescued with the first one
+    assert first == [ids[0], old] and passed == [] and second == [ids[1], old]
