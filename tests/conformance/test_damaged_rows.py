@@ -150,3 +150,19 @@ async def test_a_key_left_parked_with_a_free_slot_is_repaired_by_the_rescue_pass
     finally:
         await backend.close()
     assert before.jobs == [] and [j.id for j in after.jobs] == [job.id]
+
+
+async def test_a_parked_row_with_no_key_is_repaired_by_the_rescue_pass(make_backend, damage: Damage, autojump_clock):
+    """A job with no concurrency key marked parked by hand: no key's freed slot would ever bring
+    it back, so the rescuer's pass does, and it runs."""
+    backend = make_backend()
+    await backend.open()
+    try:
+        (job,) = await backend.insert_many([NewJob("plain", "q", "{}", 0, None, 5, None)])
+        damage.write(backend, job.id, "parked = ?", (True,))
+        before = await backend.claim("q", 10)
+        await backend.rescue(backend.now() - 60)
+        after = await backend.claim("q", 10)
+    finally:
+        await backend.close()
+    assert before.jobs == [] and [j.id for j in after.jobs] == [job.id]
