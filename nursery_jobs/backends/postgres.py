@@ -936,14 +936,27 @@ class PostgresBackend:
                 if key is not None:
                     queues.add(queue)  # its slot is free
                     events.append(JobsAvailable(queue))
-        # The repair of keys left parked with a free slot (migration 0011): nothing to do unless
-        # something but this runtime wrote the rows.
-        for (queue,) in await self._run(lambda c: _all(c, self._q["repair_parked"])):
-            queues.add(queue)
-            events.append(JobsAvailable(queue))
-        if rows or queues:
+        # The rescued jobs' wake-ups go out before the repair, so a repair that fails cannot
+        # lose them.
+        if rows:
             await self._notify(finalized, sorted(queues), "f")
         self._emit(list(dict.fromkeys(events)))
+        # The repair of keys left parked with a free slot (migrations 0011, 0012): nothing to do
+        # unless something but this runtime wrote the rows. A repair that fails (a statement
+        # timeout on a huge parked backlog) is logged and left to the next pass; the rescue
+        # stands.
+        try:
+            repaired = sorted({queue for (queue,) in await self._run(lambda c: _all(c, self._q["repair_parked"]))})
+        except (BackendError, BackendUnavailable) as exc:
+            log.warning(
+                "PostgreSQL repair of parked concurrency keys failed (%s); the next rescue pass tries again",
+                exc,
+                extra={"event": "repair_failed", "backend": self.url},
+            )
+            repaired = []
+        if repaired:
+            await self._notify([], repaired, "f")
+            self._emit([JobsAvailable(queue) for queue in repaired])
         return sorted(r[0] for r in rows)
 
     async def delete_finished(self, before: Mapping[JobState, float], limit: int) -> int:
