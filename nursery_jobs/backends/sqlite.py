@@ -1113,8 +1113,9 @@ class SqliteBackend:
     def _set_aside(self, conn: sqlite3.Connection, job_id: int, damage: list[Damage], now: float) -> BackendEvent:
         """Discard a row the runtime cannot read, in the caller's transaction: its unreadable
         columns are reset so that it can be read from now on, and an error names what was found
-        (see `backends.rows`)."""
-        found = conn.execute("SELECT errors FROM nj_jobs WHERE id = ?", (job_id,)).fetchone()
+        (see `backends.rows`). A keyed row that held a slot (one the claim had just started) brings
+        back its key's best parked job (`transitions.unparks`), as any job leaving `running` does."""
+        found = conn.execute("SELECT errors, state, concurrency_key, parked FROM nj_jobs WHERE id = ?", (job_id,)).fetchone()
         entries, _ = read_errors(found[0] if found else None)
         message = set_aside_message(damage)
         entries = [*entries, error_entry(0, now, message)][-MAX_ERRORS_KEPT:]
@@ -1128,10 +1129,13 @@ class SqliteBackend:
             " created_at = CASE WHEN typeof(created_at) IN ('integer', 'real') THEN created_at ELSE ?1 END,"
             " failed_attempts = CASE WHEN typeof(failed_attempts) = 'integer' THEN failed_attempts ELSE 0 END,"
             " interrupted = CASE WHEN typeof(interrupted) = 'integer' THEN interrupted ELSE 0 END,"
-            " unique_key = CASE WHEN typeof(unique_key) IN ('null', 'text') THEN unique_key END"
+            " unique_key = CASE WHEN typeof(unique_key) IN ('null', 'text') THEN unique_key END, parked = 0"
             " WHERE id = ?3",
             (now, json.dumps(entries), job_id),
         )
+        before = STATES.get(found[1]) if found and isinstance(found[1], str) else None
+        if before is not None and found[2] is not None:
+            _unpark(conn, [found[2]] * unparks(before, JobState.DISCARDED, parked=bool(found[3])))
         log.warning(
             "SQLite %r: job %d set aside (discarded), its row could not be read: %s",
             self.path,
