@@ -248,9 +248,15 @@ def _unpark(conn: sqlite3.Connection, keys: Sequence[Any]) -> int:
 def _repair_parked(conn: sqlite3.Connection) -> list[str]:
     """The rescuer's repair (`transitions.parked_can_start`): a key with parked jobs and a free
     slot brings back its best one; normally there is none (only a row written by something else
-    can leave one). Returns the queue of each job brought back."""
-    queues = []
-    for (key,) in conn.execute("SELECT DISTINCT concurrency_key FROM nj_jobs WHERE state = 'available' AND parked = 1").fetchall():
+    can leave one; a parked job with no key, which no slot would bring back, always comes back).
+    Returns the queue of each job brought back."""
+    unkeyed = conn.execute(
+        "UPDATE nj_jobs SET parked = 0 WHERE state = 'available' AND parked = 1 AND concurrency_key IS NULL RETURNING queue"
+    ).fetchall()
+    queues = list(dict.fromkeys(str(q) for (q,) in unkeyed))
+    for (key,) in conn.execute(
+        "SELECT DISTINCT concurrency_key FROM nj_jobs WHERE state = 'available' AND parked = 1 AND concurrency_key IS NOT NULL"
+    ).fetchall():
         head = conn.execute(
             "SELECT id, queue, max_concurrent FROM nj_jobs WHERE concurrency_key = ? AND state = 'available' AND parked = 1"
             " ORDER BY priority DESC, run_at, id LIMIT 1",

@@ -172,3 +172,19 @@ async def test_a_keyed_row_set_aside_by_the_claim_frees_its_keys_slot(make_backe
         await backend.close()
     assert before.jobs == [] and bad.state is nj.JobState.DISCARDED
     assert [j.id for j in after.jobs] == [second]
+
+
+async def test_a_parked_row_with_no_key_is_repaired_by_the_rescue_pass(make_backend, damage: Damage, autojump_clock):
+    """A job with no concurrency key marked parked by hand: no key's freed slot would ever bring
+    it back, so the rescuer's pass does, and it runs."""
+    backend = make_backend()
+    await backend.open()
+    try:
+        (job,) = await backend.insert_many([NewJob("plain", "q", "{}", 0, None, 5, None)])
+        damage.write(backend, job.id, "parked = ?", (True,))
+        before = await backend.claim("q", 10)
+        await backend.rescue(backend.now() - 60)
+        after = await backend.claim("q", 10)
+    finally:
+        await backend.close()
+    assert before.jobs == [] and [j.id for j in after.jobs] == [job.id]
