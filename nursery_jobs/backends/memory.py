@@ -184,6 +184,8 @@ class MemoryBackend:
         """Running jobs per concurrency key (keys with none are absent)."""
         self._parked: dict[str, dict[int, list[tuple[int, float, int, int]]]] = {}
         """key -> limit -> due-heap entries held back because the key was at that limit."""
+        self._parked_dead: dict[str, int] = {}
+        """key -> its jobs cancelled since its parked entries were last compacted (at most)."""
         self._rates: dict[str, _RateLog] = {}
         """Rate key -> its latest starts (keys idle longer than their window are dropped)."""
         self._next_id = 1
@@ -323,7 +325,30 @@ class MemoryBackend:
                 del groups[limit]
         if not groups:
             del self._parked[key]
+            self._parked_dead.pop(key, None)
         return back
+
+    def _parked_cancelled(self, key: str) -> None:
+        """A pending job of `key` was cancelled: its parked entry, if it has one, is dead. Once
+        about half of the key's entries may be, they are dropped, so a key that stays full while
+        jobs are enqueued and cancelled holds no more entries than twice its live ones."""
+        groups = self._parked.get(key)
+        if groups is None:
+            return
+        dead = self._parked_dead[key] = self._parked_dead.get(key, 0) + 1
+        if 2 * dead <= sum(len(heap) for heap in groups.values()):
+            return
+        rows = self._rows
+        for limit, heap in list(groups.items()):
+            live = [e for e in heap if (row := rows.get(e[2])) is not None and row.version == e[3]]
+            if live:
+                heapq.heapify(live)
+                groups[limit] = live
+            else:
+                del groups[limit]
+        del self._parked_dead[key]
+        if not groups:
+            del self._parked[key]
 
     def _push(self, row: _Row, q: _QueueState) -> None:
         if row.state is _A:
@@ -688,6 +713,8 @@ class MemoryBackend:
             return _R
         before = row.state
         self._emit(self._finalize(row, q, JobState.CANCELLED, self.now()))
+        if row.ckey is not None:
+            self._parked_cancelled(row.ckey)
         if row.ckey is not None and unparks(before, JobState.CANCELLED) and self._unpark(row.ckey):
             self._emit(JobsAvailable(row.queue))  # it may have been the entry a freed slot brought back
         return JobState.CANCELLED

@@ -176,7 +176,8 @@ _KEY_INDEXES = (
 _PENDING = "('available', 'scheduled', 'retryable')"
 _PARK_AT_ONCE = 1000
 """A claim reads at most this many due jobs beyond the number it was asked for, parking those
-of full keys: a large backlog is parked over several claims, each a bounded transaction."""
+of full keys: a large backlog is parked over several claims, each a bounded transaction. Jobs
+refused for their rate are not parked: past them the claim reads on, this many at a time."""
 _IDS_PER_STATEMENT = 500
 _COUNT_PENDING = (
     "SELECT count(*) FROM (SELECT 1 FROM nj_jobs INDEXED BY nj_jobs_due WHERE queue = ?"
@@ -213,17 +214,21 @@ class _RunningByKey(Mapping[str, int]):
         return 0
 
 
-def _passed_over(seen: Sequence[tuple[int, str | None, int]], started: Sequence[int], running: Mapping[str, int]) -> list[tuple[int]]:
-    """The jobs a claim read and did not start because their key is full: `seen` are (id, key,
-    limit) in the order read, `started` the indexes it started, `running` each key's running
-    jobs before the claim. Each key's count includes what the claim started."""
+def _passed_over(
+    seen: Sequence[tuple[int, str | None, int]], among: Iterable[int], started: Sequence[int], running: Mapping[str, int]
+) -> list[int]:
+    """The jobs of `among` a claim read and did not start because their key is full, as
+    indexes in `seen`: `seen` are (id, key, limit) in the order read, `started` the indexes it
+    started, `running` each key's running jobs before the claim. Each key's count includes what
+    the claim started."""
     taken = collections.Counter(seen[i][1] for i in started)
     chosen = set(started)
-    return [
-        (job_id,)
-        for i, (job_id, key, most) in enumerate(seen)
-        if key is not None and i not in chosen and running[key] + taken[key] >= most
-    ]
+    out = []
+    for i in among:
+        key, most = seen[i][1:]
+        if key is not None and i not in chosen and running[key] + taken[key] >= most:
+            out.append(i)
+    return out
 
 
 def _unpark(conn: sqlite3.Connection, keys: Sequence[Any]) -> int:
@@ -243,9 +248,15 @@ def _unpark(conn: sqlite3.Connection, keys: Sequence[Any]) -> int:
 def _repair_parked(conn: sqlite3.Connection) -> list[str]:
     """The rescuer's repair (`transitions.parked_can_start`): a key with parked jobs and a free
     slot brings back its best one; normally there is none (only a row written by something else
-    can leave one). Returns the queue of each job brought back."""
-    queues = []
-    for (key,) in conn.execute("SELECT DISTINCT concurrency_key FROM nj_jobs WHERE state = 'available' AND parked = 1").fetchall():
+    can leave one; a parked job with no key, which no slot would bring back, always comes back).
+    Returns the queue of each job brought back."""
+    unkeyed = conn.execute(
+        "UPDATE nj_jobs SET parked = 0 WHERE state = 'available' AND parked = 1 AND concurrency_key IS NULL RETURNING queue"
+    ).fetchall()
+    queues = list(dict.fromkeys(str(q) for (q,) in unkeyed))
+    for (key,) in conn.execute(
+        "SELECT DISTINCT concurrency_key FROM nj_jobs WHERE state = 'available' AND parked = 1 AND concurrency_key IS NOT NULL"
+    ).fetchall():
         head = conn.execute(
             "SELECT id, queue, max_concurrent FROM nj_jobs WHERE concurrency_key = ? AND state = 'available' AND parked = 1"
             " ORDER BY priority DESC, run_at, id LIMIT 1",
@@ -986,7 +997,9 @@ class SqliteBackend:
             # takes them one by one, counting each key's running jobs once, and stops at
             # `limit`. A keyed job it passes over (its key is full) is parked, so later claims
             # do not read it again; a job of the key leaving `running` brings the best one back
-            # (`_unpark`). At most `_PARK_AT_ONCE` are read beyond `limit`. SQLite has one
+            # (`_unpark`). At most `_PARK_AT_ONCE` are read beyond `limit`, unless the claim is
+            # short and they held jobs refused for their rate alone: those are not parked, so it
+            # reads on, `_PARK_AT_ONCE` at a time, as long as that stays so. SQLite has one
             # writer, and this runs under its write lock (BEGIN IMMEDIATE): the counts are exact.
             queue_running = 0
             if max_running is not None:
@@ -996,31 +1009,57 @@ class SqliteBackend:
             cur = conn.execute(
                 "SELECT id, concurrency_key, max_concurrent, rate_key, rate_limit, rate_per"
                 f" FROM nj_jobs WHERE queue = ?2 AND state IN {_PENDING}"
-                "  AND parked = 0 AND run_at <= ?1 ORDER BY priority DESC, run_at, id LIMIT ?3",
-                (now, queue, limit + _PARK_AT_ONCE),
+                "  AND parked = 0 AND run_at <= ?1 ORDER BY priority DESC, run_at, id",
+                (now, queue),
             )
             seen: list[tuple[int, str | None, int]] = []
             rates: list[tuple[str, int, float] | None] = []
 
-            def candidates() -> Any:
-                for job_id, key, most, rkey, rlimit, rper in cur:
+            def read_due(n: int) -> list[int]:
+                """The next `n` due rows of the cursor; their indexes in `seen`."""
+                first = len(seen)
+                for job_id, key, most, rkey, rlimit, rper in cur.fetchmany(n):
                     seen.append((job_id, None if key is None else str(key), most if isinstance(most, int) and most >= 1 else 1))
-                    rate = _rate_of(rkey, rlimit, rper)
-                    rates.append(rate)
-                    yield *seen[-1][1:], *(rate or (None, None, None))
+                    rates.append(_rate_of(rkey, rlimit, rper))
+                return list(range(first, len(seen)))
+
+            considered: list[int] = []
+
+            def candidates(pool: Sequence[int]) -> Any:
+                for i in pool:
+                    considered.append(i)
+                    yield *seen[i][1:], *(rates[i] or (None, None, None))
 
             starts = _RateStarts(conn)
             running = _RunningByKey(conn)
-            verdict = admit_rated(
-                candidates(), running, starts, want=limit, now=now, queue_running=queue_running,
-                max_running=max_running,
-            )  # fmt: skip
+            picked: list[int] = []
+            rate_next: float | None = None
+            size = limit + _PARK_AT_ONCE
+            due = read_due(size)
+            while True:
+                # A job `admit_rated` skips changes nothing it decides later, so the jobs started
+                # so far followed by the next rows decide as the whole read would.
+                pool = picked + due
+                considered.clear()
+                verdict = admit_rated(
+                    candidates(pool), running, starts, want=limit, now=now, queue_running=queue_running,
+                    max_running=max_running,
+                )  # fmt: skip
+                picked = [pool[i] for i in verdict.started]
+                if verdict.rate_next is not None and (rate_next is None or verdict.rate_next < rate_next):
+                    rate_next = verdict.rate_next
+                # Jobs refused for their rate are not parked: while the rows read held some and
+                # the claim is short, it reads on, or later claims would read the same rows again.
+                refused = set(considered).intersection(due).difference(picked, _passed_over(seen, due, picked, running))
+                if len(due) < size or len(picked) >= limit or not refused:
+                    break
+                size = _PARK_AT_ONCE
+                due = read_due(size)
             cur.close()
-            picked = verdict.started
             if verdict.rate_started:
                 _record_starts(conn, starts, [rates[i] for i in picked], verdict.rate_started, now)
             ids = [seen[i][0] for i in picked]
-            passed = _passed_over(seen, picked, running)  # a job passed over for its rate alone is not parked
+            passed = [(seen[i][0],) for i in _passed_over(seen, range(len(seen)), picked, running)]  # not one refused for its rate alone
             conn.executemany("UPDATE nj_jobs SET state = 'available', parked = 1 WHERE id = ?", passed)
             rows = []
             for i in range(0, len(ids), _IDS_PER_STATEMENT):
@@ -1044,8 +1083,8 @@ class SqliteBackend:
                 # parked: the queue may hold more
                 events.append(JobsAvailable(queue))
             next_due = self._next_due(conn, queue, now, events)
-            if verdict.rate_next is not None and (next_due is None or verdict.rate_next < next_due):
-                next_due = verdict.rate_next  # a rate key's next slot: a job it refused may start then
+            if rate_next is not None and (next_due is None or rate_next < next_due):
+                next_due = rate_next  # a rate key's next slot: a job it refused may start then
             claimed.sort(key=lambda c: (-c[0].priority, c[1] if isinstance(c[1], (int, float)) else 0.0, c[0].id))
             return ClaimResult([c[0] for c in claimed], next_due), events
 
@@ -1080,8 +1119,9 @@ class SqliteBackend:
     def _set_aside(self, conn: sqlite3.Connection, job_id: int, damage: list[Damage], now: float) -> BackendEvent:
         """Discard a row the runtime cannot read, in the caller's transaction: its unreadable
         columns are reset so that it can be read from now on, and an error names what was found
-        (see `backends.rows`)."""
-        found = conn.execute("SELECT errors FROM nj_jobs WHERE id = ?", (job_id,)).fetchone()
+        (see `backends.rows`). A keyed row that held a slot (one the claim had just started) brings
+        back its key's best parked job (`transitions.unparks`), as any job leaving `running` does."""
+        found = conn.execute("SELECT errors, state, concurrency_key, parked FROM nj_jobs WHERE id = ?", (job_id,)).fetchone()
         entries, _ = read_errors(found[0] if found else None)
         message = set_aside_message(damage)
         entries = [*entries, error_entry(0, now, message)][-MAX_ERRORS_KEPT:]
@@ -1095,10 +1135,13 @@ class SqliteBackend:
             " created_at = CASE WHEN typeof(created_at) IN ('integer', 'real') THEN created_at ELSE ?1 END,"
             " failed_attempts = CASE WHEN typeof(failed_attempts) = 'integer' THEN failed_attempts ELSE 0 END,"
             " interrupted = CASE WHEN typeof(interrupted) = 'integer' THEN interrupted ELSE 0 END,"
-            " unique_key = CASE WHEN typeof(unique_key) IN ('null', 'text') THEN unique_key END"
+            " unique_key = CASE WHEN typeof(unique_key) IN ('null', 'text') THEN unique_key END, parked = 0"
             " WHERE id = ?3",
             (now, json.dumps(entries), job_id),
         )
+        before = STATES.get(found[1]) if found and isinstance(found[1], str) else None
+        if before is not None and found[2] is not None:
+            _unpark(conn, [found[2]] * unparks(before, JobState.DISCARDED, parked=bool(found[3])))
         log.warning(
             "SQLite %r: job %d set aside (discarded), its row could not be read: %s",
             self.path,

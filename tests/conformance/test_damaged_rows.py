@@ -152,6 +152,28 @@ async def test_a_key_left_parked_with_a_free_slot_is_repaired_by_the_rescue_pass
     assert before.jobs == [] and [j.id for j in after.jobs] == [job.id]
 
 
+async def test_a_keyed_row_set_aside_by_the_claim_frees_its_keys_slot(make_backend, damage: Damage, autojump_clock):
+    """The claim starts the key's first job, parks the second (the key looks full), then finds
+    the first one's kind unreadable and sets it aside: the slot it held is free again in the same
+    write, so the next claim starts the second job, with no rescue pass in between."""
+    if not damage.untyped:
+        pytest.skip("this backend's columns hold only their own type")
+    backend = make_backend()
+    await backend.open()
+    try:
+        first, second = [
+            r.id for r in await backend.insert_many([NewJob("keyed", "q", "{}", 0, None, 5, None, "k", 1) for _ in range(2)])
+        ]
+        damage.write(backend, first, "kind = ?", (b"keyed",))
+        before = await backend.claim("q", 10)
+        after = await backend.claim("q", 10)
+        bad = await backend.get_job(first)
+    finally:
+        await backend.close()
+    assert before.jobs == [] and bad.state is nj.JobState.DISCARDED
+    assert [j.id for j in after.jobs] == [second]
+
+
 async def test_a_parked_row_with_no_key_is_repaired_by_the_rescue_pass(make_backend, damage: Damage, autojump_clock):
     """A job with no concurrency key marked parked by hand: no key's freed slot would ever bring
     it back, so the rescuer's pass does, and it runs."""

@@ -226,3 +226,18 @@ async def test_a_rate_under_the_queues_global_limit(make_backend, autojump_clock
         second = await backend.claim(Q, 10, max_running=2)
     assert [j.id for j in first] == ids[:2]
     assert [j.id for j in second.jobs] == [ids[2]] and second.next_due == t0 + 10
+
+
+async def test_a_rate_backlog_longer_than_one_claim_reads_holds_back_no_unlimited_job(make_backend, autojump_clock) -> None:
+    """1,200 due jobs of a key at 1 start per 60 s ahead of unlimited ones: more than a claim
+    of 10 reads at once on a backend that parks full keys (1,000 beyond its limit). The jobs
+    refused for their rate are not parked, so the claim reads on past them and starts the
+    unlimited jobs; the next claim finds none to start."""
+    async with opened(make_backend) as backend:
+        slow = [r.id for r in await backend.insert_many([rated("slow", 1, 60.0, priority=5) for _ in range(1_200)])]
+        free = [r.id for r in await backend.insert_many([rated(None) for _ in range(3)])]
+        t0 = backend.now()
+        first, due = await claim_ids(backend, 10)
+        second, due2 = await claim_ids(backend, 10)
+    assert first == [slow[0], *free] and due == t0 + 60
+    assert second == [] and due2 == t0 + 60
