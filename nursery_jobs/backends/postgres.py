@@ -103,7 +103,7 @@ from .protocol import (
     ScheduleState,
 )
 from .rows import counts_from_rows, job_from_row
-from .transitions import check_room, sql_case
+from .transitions import PENDING, check_room, sql_case
 
 log = logging.getLogger("nursery_jobs")
 
@@ -681,9 +681,9 @@ class PostgresBackend:
         With `bounds` for a queue of the batch: in one transaction (a savepoint inside one
         already open), take each bounded queue's enqueue lock (`serialize`: a transaction-level
         advisory lock, in queue order, held to the commit), insert the rows, then count each
-        bounded queue's pending jobs with them, at most `max_length + 1` (`count_pending`: two
-        index-only reads of the pending rows' partial indexes, so the cost grows with the bound,
-        never with the table), and let `transitions.check_room` decide; `QueueFull` rolls the
+        bounded queue's pending jobs with them (`count_pending`: three index-only reads of the
+        pending rows' partial indexes, each of at most `max_length + 1` entries, so the cost
+        grows with the bound, never with the table), and let `transitions.check_room` decide; `QueueFull` rolls the
         rows back. Under the lock the count is a new statement, and so (READ COMMITTED) sees
         every enqueue of the queue that committed before the lock was granted: exact."""
         if not jobs:
@@ -696,7 +696,7 @@ class PostgresBackend:
                 results = await self._insert(s, jobs, run_ats, now)
                 for queue in queues:
                     limit = bounds[queue]
-                    row = await s.one(self._q["count_pending"], (queue, limit + 1, queue, limit + 1))
+                    row = await s.one(self._q["count_pending"], {"queue": queue, "limit": limit + 1})
                     assert row is not None
                     check_room(queue, int(row[0]), limit)
             return results
@@ -936,14 +936,27 @@ class PostgresBackend:
                 if key is not None:
                     queues.add(queue)  # its slot is free
                     events.append(JobsAvailable(queue))
-        # The repair of keys left parked with a free slot (migration 0011): nothing to do unless
-        # something but this runtime wrote the rows.
-        for (queue,) in await self._run(lambda c: _all(c, self._q["repair_parked"])):
-            queues.add(queue)
-            events.append(JobsAvailable(queue))
-        if rows or queues:
+        # The rescued jobs' wake-ups go out before the repair, so a repair that fails cannot
+        # lose them.
+        if rows:
             await self._notify(finalized, sorted(queues), "f")
         self._emit(list(dict.fromkeys(events)))
+        # The repair of keys left parked with a free slot (migrations 0011, 0012): nothing to do
+        # unless something but this runtime wrote the rows. A repair that fails (a statement
+        # timeout on a huge parked backlog) is logged and left to the next pass; the rescue
+        # stands.
+        try:
+            repaired = sorted({queue for (queue,) in await self._run(lambda c: _all(c, self._q["repair_parked"]))})
+        except (BackendError, BackendUnavailable) as exc:
+            log.warning(
+                "PostgreSQL repair of parked concurrency keys failed (%s); the next rescue pass tries again",
+                exc,
+                extra={"event": "repair_failed", "backend": self.url},
+            )
+            repaired = []
+        if repaired:
+            await self._notify([], repaired, "f")
+            self._emit([JobsAvailable(queue) for queue in repaired])
         return sorted(r[0] for r in rows)
 
     async def delete_finished(self, before: Mapping[JobState, float], limit: int) -> int:
@@ -1610,6 +1623,9 @@ def _claim_sql(*, limited: bool) -> str:
     )
 
 
+_WAITING = ", ".join(f"'{s.value}'" for s in PENDING if s is not JobState.AVAILABLE)
+"""The pending states but `available`: the ones `jobs_waiting` holds (migration 0002)."""
+
 _QUERIES: dict[str, sql.SQL] = {
     "insert_many": sql.SQL(
         "WITH ins AS ("
@@ -1681,11 +1697,16 @@ _QUERIES: dict[str, sql.SQL] = {
         "SELECT count(pg_advisory_xact_lock(hashtext('nursery_jobs max_length ' || {schema_text}), hashtext(q)))"
         " FROM unnest(%s::text[]) AS u(q)"
     ),
-    # Pending jobs of a queue, up to a limit, through the two partial indexes that hold them.
+    # Pending jobs (`transitions.PENDING`) of a queue, each part up to a limit, through the three
+    # partial indexes that hold them: `jobs_available` (unparked), `jobs_parked_queue` (parked,
+    # migration 0012) and `jobs_waiting` (the other pending states).
     "count_pending": sql.SQL(
-        "SELECT (SELECT count(*) FROM (SELECT 1 FROM {s}.jobs WHERE queue = %s AND state = 'available' LIMIT %s) a)"
-        " + (SELECT count(*) FROM (SELECT 1 FROM {s}.jobs WHERE queue = %s AND state IN ('scheduled', 'retryable')"
-        " LIMIT %s) w)"
+        "SELECT (SELECT count(*) FROM (SELECT 1 FROM {s}.jobs WHERE queue = %(queue)s AND state = 'available'"
+        " AND NOT parked LIMIT %(limit)s) a)"
+        " + (SELECT count(*) FROM (SELECT 1 FROM {s}.jobs WHERE queue = %(queue)s AND state = 'available'"
+        " AND parked LIMIT %(limit)s) p)"
+        f" + (SELECT count(*) FROM (SELECT 1 FROM {{s}}.jobs WHERE queue = %(queue)s AND state IN ({_WAITING})"
+        " LIMIT %(limit)s) w)"
     ),
     "find_unique": sql.SQL(
         "SELECT id FROM {s}.jobs WHERE unique_key = %s AND state NOT IN ('completed', 'discarded', 'cancelled')"

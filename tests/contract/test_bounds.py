@@ -9,7 +9,7 @@ import pytest
 import trio
 
 import nursery_jobs as nj
-from nursery_jobs.backends import JobsAvailable, Outbox, OutboxEvent, ScheduleStore, TransactionalEnqueue
+from nursery_jobs.backends import JobsAvailable, NewJob, Outbox, OutboxEvent, ScheduleStore, TransactionalEnqueue
 from nursery_jobs.backends.transitions import PENDING, check_room
 from tests.registry import TestBackend
 
@@ -182,3 +182,16 @@ async def test_concurrent_bounded_inserts_never_overshoot(store, autojump_clock)
     finally:
         for b in backends:
             await b.close()
+
+
+async def test_a_full_keys_passed_over_backlog_still_counts(make_backend, autojump_clock) -> None:
+    """Jobs the claims passed over because their concurrency key was full (the durable backends
+    park them, out of the claim's index) are still waiting to start: they count."""
+    async with opened(make_backend) as backend:
+        await backend.insert_many([NewJob("work", Q, "{}", 0, None, 5, None, "k", 1) for _ in range(3)])
+        assert len((await backend.claim(Q, 10)).jobs) == 1
+        assert (await backend.claim(Q, 10)).jobs == []  # the other two passed over
+        with pytest.raises(nj.QueueFull) as raised:
+            await backend.insert_many([new()], {Q: 2})
+        assert raised.value.pending == 3
+        await backend.insert_many([new()], {Q: 3})

@@ -152,6 +152,7 @@ def _statements(schema: str, running: list[int]) -> dict[str, list[Any]]:
         "rescue": {"before": 0.5, "now": 1e12},  # nothing stale: the scan must still not touch the table
         "cancel": {"id": running[0], "now": 1e12, "channel": f"{schema}_events", "jobs_channel": f"{schema}_jobs"},
         "delete_finished": {"states": "{completed,cancelled,discarded}", "befores": "{50.0,50.0,50.0}", "limit": 1000, "now": 1e12},
+        "count_pending": {"queue": "q", "limit": 101},  # a bounded enqueue's count, under the queue's lock
     }
 
 
@@ -165,10 +166,18 @@ ALLOWED = {
     "rescue": {"jobs_running", "jobs_running_unbeaten", "jobs_pkey"},
     "cancel": {"jobs_pkey"},
     "delete_finished": {"jobs_finalized", "jobs_pkey", "rate_keys_pkey"},
+    # The pending rows' partial indexes: unparked available, parked (migration 0012), waiting.
+    "count_pending": {"jobs_available", "jobs_parked_queue", "jobs_waiting"},
 }
 UNCONDITIONED = {"jobs_running_unbeaten"}
 """The one index a statement may read whole: running rows without a heartbeat, normally none."""
-REQUIRED = {"finish": {"jobs_pkey"}, "heartbeat": {"jobs_pkey"}, "claim": {"jobs_available"}, "delete_finished": {"jobs_finalized"}}
+REQUIRED = {
+    "finish": {"jobs_pkey"},
+    "heartbeat": {"jobs_pkey"},
+    "claim": {"jobs_available"},
+    "delete_finished": {"jobs_finalized"},
+    "count_pending": {"jobs_available", "jobs_parked_queue", "jobs_waiting"},
+}
 
 
 def _check(name: str, plan: dict[str, Any], size: int, *, small_plan: bool = False) -> None:
@@ -319,7 +328,7 @@ def test_outcomes_heartbeats_rescues_cancels_and_retention_hold_a_plan_made_on_a
     and a cancel once, 0.1-0.2 s a call at 200,000 rows, growing with the table.) And the
     statements still do what they did: each outcome lands under its attempt only, each
     heartbeat renews only the attempt it names."""
-    names = ["finish", "heartbeat", "rescue", "cancel", "delete_finished"]
+    names = ["finish", "heartbeat", "rescue", "cancel", "delete_finished", "count_pending"]
     cached = CachedPlans(pg_url, small_rows, names)
     table, conn = cached.table, cached.conn
     jobs = sql.SQL("{}.jobs").format(sql.Identifier(table.schema))

@@ -359,3 +359,37 @@ async def test_a_heartbeat_through_a_frozen_connection_cancels_the_job_as_lost(p
     # rescue_after (4 s) after its last good heartbeat, which was before the freeze. (The
     # runtime aims at rescue_after / 2; the rest is margin for a loaded machine.)
     assert at - frozen_at < 4, at - frozen_at
+
+
+# -- the rescuer's pass --
+
+
+async def test_a_repair_that_times_out_loses_no_rescued_jobs_wake_up(pg_url, caplog):
+    """The rescue pass's repair of parked keys (migrations 0011, 0012) runs after the rescue: if
+    it fails (here it outlasts the statement timeout), the rescued jobs are still rescued, their
+    queue's wake-up is still sent, and the failure is logged, not raised."""
+    schema = pgutil.new_schema(pg_url)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            f'CREATE OR REPLACE FUNCTION "{schema}".repair_parked() RETURNS TABLE (queue text) LANGUAGE sql'
+            " AS $$ SELECT 'never'::text FROM pg_sleep(5) $$"
+        )
+    listener = psycopg.connect(pg_url, autocommit=True)
+    backend = PostgresBackend(pg_url, schema=schema, statement_timeout=0.3)
+    await backend.open()
+    try:
+        listener.execute(f'LISTEN "{schema}_jobs"')
+        (job,) = await backend.insert_many([NewJob("crashed", "q", "{}", 0, None, 5)])
+        assert [j.id for j in (await backend.claim("q", 1)).jobs] == [job.id]  # a worker that then crashed
+        assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["q"]  # the insert's own wake-up
+        with trio.fail_after(10):
+            rescued = await backend.rescue(backend.now() + 1)
+        woken = await trio.to_thread.run_sync(lambda: [n.payload for n in listener.notifies(timeout=5, stop_after=1)])
+        state = (await backend.get_job(job.id)).state
+    finally:
+        await backend.close()
+        listener.close()
+    assert rescued == [job.id] and state is nj.JobState.AVAILABLE
+    assert woken == ["q"]
+    failed = [r for r in caplog.records if getattr(r, "event", None) == "repair_failed"]
+    assert len(failed) == 1 and "statement timeout" in failed[0].getMessage(), [r.getMessage() for r in caplog.records]
