@@ -8,9 +8,11 @@ Either way nothing is lost, and only what was running when the process died runs
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 
+import psycopg
 import pytest
 
 from tests.processes.procutil import (
@@ -53,15 +55,22 @@ def test_sigkill_mid_run_loses_nothing_and_reruns_only_what_was_running(spawner,
         return len(mine) >= 32 and bool(fresh)  # a second batch done, and a job just started
 
     wait_until(victim_mid_run, timeout=60, what="the victim to be mid-run", interval=0.01)
-    killed_at = time.monotonic()  # before the signal: the victim's last heartbeat was no later
-    victim.signal(signal.SIGKILL)
-    assert victim.wait(10) == -signal.SIGKILL
+    snap = (
+        psycopg.connect(store.conninfo or "", autocommit=True, connect_timeout=5)
+        if store.kind == "postgres"
+        else contextlib.nullcontext()
+    )
+    with snap as conn:  # opened before the kill: the timed window holds no connect
+        killed_at = time.monotonic()  # before the signal: the victim's last heartbeat was no later
+        victim.signal(signal.SIGKILL)
+        assert victim.wait(10) == -signal.SIGKILL
+        running_at_kill = running_ids(store, conn)
+        snapshot_took = time.monotonic() - killed_at
     # Taken before any rescue can happen (rescue_after 2 s from the last heartbeat, which is
     # at most 0.2 s before the kill: 1.8 s at the earliest): every job the victim held is still
     # `running` here (the other running ones belong to the live workers). The bound leaves a
     # loaded machine 1.5 s for the kill and the snapshot (0.5 s failed under load 6).
-    running_at_kill = running_ids(store)
-    assert time.monotonic() - killed_at < 1.5, "snapshot taken too late after the kill to trust"
+    assert snapshot_took < 1.5, "snapshot taken too late after the kill to trust"
     left_running = victim_records("start") - victim_records("end")
     assert left_running, "the kill interrupted no job: the test proved nothing"
     assert left_running <= running_at_kill
