@@ -76,7 +76,7 @@ SCHEMA = "nj_cpu"
 
 @attrs.frozen
 class Config:
-    size: int = 100_000
+    size: int = 200_000  # 2 processes at ~27k jobs/s need more than 100k rows for a 3 s window and its start
     drain: int = 20_000
     workers: int = 32
     window: float = 3.0

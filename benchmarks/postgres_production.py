@@ -19,7 +19,7 @@ leaves a backlog. This script measures that case, the way the peers' own benchma
   runtime shuts down, and the run counts as *unwritten* if any row is still `running` after it,
   or the log says `not written`.
 - **The loop** is what a peer benchmark measures: one psycopg connection (sync, autocommit,
-  psycopg's defaults) that claims up to W rows with ``UPDATE ... WHERE id IN (SELECT ... FOR
+  psycopg's defaults but `jit = off`, as the runtime's own sessions) that claims up to W rows with ``UPDATE ... WHERE id IN (SELECT ... FOR
   UPDATE SKIP LOCKED LIMIT W) RETURNING``, runs a no-op per row, and marks them completed with
   one ``UPDATE ... WHERE id = ANY(...)``; two transactions per batch, until D rows are done.
   The same table, the same rows, the same indexes.
@@ -193,7 +193,7 @@ def loop_drain(url: str, schema: str, n: int, batch: int, on_done: Callable[[], 
     claim = sql.SQL(
         "UPDATE {s}.jobs SET state = 'running', attempt = attempt + 1, attempted_at = %(now)s, heartbeat_at = %(now)s"
         " WHERE id IN (SELECT id FROM {s}.jobs WHERE queue = %(queue)s"
-        "  AND state = 'available' AND run_at <= %(now)s"
+        "  AND state = 'available' AND NOT parked AND run_at <= %(now)s"
         "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
         " RETURNING id, kind, args"
     ).format(s=s)
@@ -201,8 +201,12 @@ def loop_drain(url: str, schema: str, n: int, batch: int, on_done: Callable[[], 
         "UPDATE {s}.jobs SET state = 'completed', finalized_at = %s, heartbeat_at = NULL WHERE id = ANY(%s)"
     ).format(s=s)
     done = 0
+    # `NOT parked` (migration 0011) is part of the `jobs_available` index's predicate: without it
+    # the loop's claim cannot use the index and sorts the whole table on every call.
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("SELECT 1")
+        # The runtime's sessions run with `jit = off` (POOL_SESSION); the loop gets the same, so it
+        # is the strongest hand-written baseline.
+        conn.execute("SET jit = off")
         started = time.perf_counter()
         while done < n:
             rows = conn.execute(claim, {"now": time.time(), "queue": QUEUE, "limit": min(batch, n - done)}).fetchall()

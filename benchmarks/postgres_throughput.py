@@ -210,7 +210,7 @@ def raw_end_to_end(url: str, n: int, batch: int) -> tuple[float, float, float | 
     claim = sql.SQL(
         "UPDATE {s}.jobs SET state = 'running', attempt = attempt + 1, attempted_at = %(now)s, heartbeat_at = %(now)s"
         " WHERE id IN (SELECT id FROM {s}.jobs WHERE queue = %(queue)s"
-        "  AND state = 'available' AND run_at <= %(now)s"
+        "  AND state = 'available' AND NOT parked AND run_at <= %(now)s"
         "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
         " RETURNING id, kind, args::text, attempt"
     ).format(s=s)
@@ -264,7 +264,7 @@ def raw_latency_floor(url: str, probes: int) -> tuple[list[float], list[float]]:
     claim = sql.SQL(
         "UPDATE {s}.jobs SET state = 'running', attempt = attempt + 1, attempted_at = %(now)s, heartbeat_at = %(now)s"
         " WHERE id IN (SELECT id FROM {s}.jobs WHERE queue = %(queue)s"
-        "  AND state = 'available' AND run_at <= %(now)s"
+        "  AND state = 'available' AND NOT parked AND run_at <= %(now)s"
         "  ORDER BY priority DESC, run_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)"
         " RETURNING id, kind, args::text, attempt"
     ).format(s=s)
