@@ -420,10 +420,23 @@ class QueueExecutor:
         return self._backend.claim(self.name, limit, max_running=self._max_running)
 
     async def _worker(self) -> None:
-        """Take a job, run one attempt of it, repeat."""
+        """Take a job, run one attempt of it, repeat.
+
+        Attempts that follow one another with no yield in between (a worker that ends one and
+        takes the next held job) share one cancel scope, a *run*: its deadline moves to each
+        attempt's own as the attempt starts, and the attempt is the scope's only while it runs.
+        That is safe because a deadline fires, and a cancel reaches a task, only at a yield: the
+        only yield inside the scope is the handler's, so between two attempts the scope belongs
+        to none. And it matters because entering and leaving a scope with a deadline costs
+        several microseconds, a large share of what the runtime spends on a short job. A run
+        ends before anything else that may yield (an idle wait, the low-water checkpoint, a
+        batch), and with any attempt that did not simply complete: its outcome is decided once
+        the scope has exited, as if it had had a scope of its own. An attempt that ended in a
+        run that goes on gets back a scope of its own, unentered, so a cancel that reaches it
+        late (it is out of the registry by then) cancels nothing that runs."""
         attempts = self._attempts
-        runners = self._runners
         completer = self._completer
+        batch_kinds = self._batch_kinds
         box: Mailbox[ClaimedJob] = Mailbox()
         current_worker_box.set(box)  # names this worker's job to the blocked-loop watchdog
         held = self._held
@@ -480,76 +493,127 @@ class QueueExecutor:
                         # nothing starts once shutdown has begun, so the attempt is given back.
                         self._give_back_job(job)
                         continue
-                if job.kind in self._batch_kinds:
+                if job.kind in batch_kinds:
                     box.last = job
                     await self._batch(job, attempt)
                     continue
-                runner = runners.get(job.kind)
-                if runner is None:
-                    if attempt is not None:
-                        attempts.end(attempt)
-                    self._discard(job, f"unknown job kind {job.kind!r}: no @app.job registers it in this process")
+                ready = self._ready(job, attempt)
+                if ready is None:
                     continue
-                try:
-                    args = decode_args(job.args_json)
-                    runner.job_kind.check_args(args)  # stored args that no call could bind fail every attempt alike
-                except ValueError as exc:  # ArgsError too
-                    if attempt is not None:
-                        attempts.end(attempt)
-                    what = "do not fit the handler" if isinstance(exc, ArgsError) else "could not be decoded"
-                    self._discard(job, clean_text(f"job args {what}: {exc}"))
-                    continue
+                runner, args = ready
                 timeout = runner.timeout
                 started = clock()
                 deadline = started + timeout if timeout is not None else math.inf
+                scope = trio.CancelScope(deadline=deadline)
+                own: trio.CancelScope | None = None  # the attempt's own, unentered: for a late cancel
                 if attempt is None:
-                    scope = trio.CancelScope(deadline=deadline)
                     attempt = Attempt(job, scope, _children)
                     attempts.begin(attempt)
                 else:
-                    scope = attempt.scope
-                    scope.deadline = deadline  # the timeout runs from the start, not the claim
-                ctx = JobContext(args, deadline, attempt)
-                token = current_job_id.set(job.id)
+                    own = attempt.scope
+                    attempt.scope = scope  # the timeout runs from the start, not the claim
                 error: BaseException | None = None
+                ran_out = False  # the run ended with a completed attempt: nothing is left to decide
                 try:
                     with scope:
-                        try:
-                            await runner.call(ctx, args)
-                        except Exception as exc:
-                            error = exc
-                        except BaseException as exc:
-                            if process_exit(exc) is None:
-                                raise  # Cancelled (ours is caught by the scope), GeneratorExit
-                            error = exc  # sys.exit() or KeyboardInterrupt in the handler
+                        while True:
+                            ctx = JobContext(args, deadline, attempt)
+                            token = current_job_id.set(job.id)
+                            try:
+                                await runner.call(ctx, args)
+                            except Exception as exc:
+                                error = exc
+                            except BaseException as exc:
+                                if process_exit(exc) is None:
+                                    raise  # Cancelled (ours is caught by the scope), GeneratorExit
+                                error = exc  # sys.exit() or KeyboardInterrupt in the handler
+                            finally:
+                                current_job_id.reset(token)
+                                attempts.end(attempt)
+                            ended = clock()
+                            if prefetch:
+                                self._ended += 1
+                                self._busy += ended - started
+                            if error is not None or attempt.reason is not None or ended >= deadline:
+                                # Decided below, once the scope has exited. The scope can only
+                                # have been cancelled by a reason (`Attempt.cancel`) or by its
+                                # deadline, which has passed if it fired: reading `cancel_called`
+                                # here instead would cost a clock read, and would also call an
+                                # attempt that overran its deadline without yielding timed out,
+                                # where its own scope, read once exited, says it completed.
+                                break
+                            attempt.scope = own if own is not None else trio.CancelScope()
+                            self.unwritten += 1
+                            completer.push(_tuple_new(Outcome, (job.id, job.attempt, _COMPLETED, None, None)), self)  # common
+                            # The next held job starts in this run if taking it needs no yield.
+                            if not (held and self._claiming and len(held) - 1 != self._low_water):
+                                ran_out = True
+                                break
+                            following = held[0]
+                            if following.reason is not None or following.job.kind in batch_kinds:
+                                ran_out = True  # cancelled before it started, or a batch's: the loop above takes it
+                                break
+                            held.popleft()
+                            held_until.popleft()
+                            attempt = following
+                            job = attempt.job
+                            box.last = job
+                            ready = self._ready(job, attempt)
+                            if ready is None:
+                                ran_out = True
+                                break
+                            runner, args = ready
+                            timeout = runner.timeout
+                            started = clock()
+                            deadline = started + timeout if timeout is not None else math.inf
+                            own = attempt.scope
+                            scope.deadline = deadline
+                            attempt.scope = scope
                 except trio.Cancelled:
                     # Not our scope: the whole runtime is being torn down from outside. The
                     # attempt is given back, as in a shutdown, and the cancellation goes on.
                     self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
                     raise
-                finally:
-                    current_job_id.reset(token)
-                    attempts.end(attempt)
-                if prefetch:
-                    self._ended += 1
-                    self._busy += clock() - started
+                if ran_out:
+                    continue
                 if error is None and not scope.cancel_called:
                     self.unwritten += 1
-                    completer.push(_tuple_new(Outcome, (job.id, job.attempt, _COMPLETED, None, None)), self)  # common
-                else:
-                    now = self._backend.now()
-                    outcome = decide(job, runner, attempt, error, now, self._rng)
-                    self._push(outcome)
-                    if outcome.error is not None:
-                        report_failure(job, outcome, trio.current_time() - started, now, "handler" if isinstance(error, Discard) else None)
-                    if error is not None and not isinstance(error, Exception):
-                        exit_exc = process_exit(error)
-                        assert exit_exc is not None
-                        self._on_exit(exit_exc, job)
+                    completer.push(_tuple_new(Outcome, (job.id, job.attempt, _COMPLETED, None, None)), self)
+                    continue
+                now = self._backend.now()
+                outcome = decide(job, runner, attempt, error, now, self._rng)
+                self._push(outcome)
+                if outcome.error is not None:
+                    report_failure(job, outcome, trio.current_time() - started, now, "handler" if isinstance(error, Discard) else None)
+                if error is not None and not isinstance(error, Exception):
+                    exit_exc = process_exit(error)
+                    assert exit_exc is not None
+                    self._on_exit(exit_exc, job)
         finally:
             self._workers_alive -= 1
             if self._workers_alive == 0:
                 self._all_exited.set()
+
+    def _ready(self, job: ClaimedJob, attempt: Attempt | None) -> tuple[KindRunner, dict[str, Any]] | None:
+        """The runner and args of a job about to start; None when it cannot run at all (an
+        unknown kind, args that do not decode or fit the handler): it is discarded, and its
+        attempt, if it has one yet, ended."""
+        runner = self._runners.get(job.kind)
+        if runner is None:
+            if attempt is not None:
+                self._attempts.end(attempt)
+            self._discard(job, f"unknown job kind {job.kind!r}: no @app.job registers it in this process")
+            return None
+        try:
+            args = decode_args(job.args_json)
+            runner.job_kind.check_args(args)  # stored args that no call could bind fail every attempt alike
+        except ValueError as exc:  # ArgsError too
+            if attempt is not None:
+                self._attempts.end(attempt)
+            what = "do not fit the handler" if isinstance(exc, ArgsError) else "could not be decoded"
+            self._discard(job, clean_text(f"job args {what}: {exc}"))
+            return None
+        return runner, args
 
     # -- batches (@app.batch_job) --
 
