@@ -259,7 +259,7 @@ class QueueExecutor:
 
     def _hold(self, job: ClaimedJob, until: float) -> None:
         """Keep a job claimed ahead for the next worker that ends an attempt."""
-        attempt = Attempt(job, trio.CancelScope(), _children)
+        attempt = Attempt(job, None, _children)  # no scope until it starts: a cancel meanwhile leaves its reason
         self._attempts.begin(attempt)  # heartbeated, cancellable, from now on
         self._held.append(attempt)
         self._held_until.append(until)
@@ -432,8 +432,8 @@ class QueueExecutor:
         ends before anything else that may yield (an idle wait, the low-water checkpoint, a
         batch), and with any attempt that did not simply complete: its outcome is decided once
         the scope has exited, as if it had had a scope of its own. An attempt that ended in a
-        run that goes on gets back a scope of its own, unentered, so a cancel that reaches it
-        late (it is out of the registry by then) cancels nothing that runs."""
+        run that goes on is left with no scope, so a cancel that reaches it late (it is out of
+        the registry by then) only records its reason."""
         attempts = self._attempts
         completer = self._completer
         batch_kinds = self._batch_kinds
@@ -467,7 +467,7 @@ class QueueExecutor:
                             attempts.end(attempt)  # shutdown began meanwhile: nothing starts now
                             self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
                             continue
-                    if attempt.scope.cancel_called:
+                    if attempt.reason is not None:
                         # A cancel request or a lost claim reached it before it started.
                         attempts.end(attempt)
                         kind = OutcomeKind.CANCELLED if attempt.reason == "cancel" else OutcomeKind.INTERRUPTED
@@ -504,14 +504,12 @@ class QueueExecutor:
                 timeout = runner.timeout
                 started = clock()
                 deadline = started + timeout if timeout is not None else math.inf
-                scope = trio.CancelScope(deadline=deadline)
-                own: trio.CancelScope | None = None  # the attempt's own, unentered: for a late cancel
+                scope = trio.CancelScope(deadline=deadline)  # the timeout runs from the start, not the claim
                 if attempt is None:
                     attempt = Attempt(job, scope, _children)
                     attempts.begin(attempt)
                 else:
-                    own = attempt.scope
-                    attempt.scope = scope  # the timeout runs from the start, not the claim
+                    attempt.scope = scope
                 error: BaseException | None = None
                 ran_out = False  # the run ended with a completed attempt: nothing is left to decide
                 try:
@@ -542,7 +540,7 @@ class QueueExecutor:
                                 # attempt that overran its deadline without yielding timed out,
                                 # where its own scope, read once exited, says it completed.
                                 break
-                            attempt.scope = own if own is not None else trio.CancelScope()
+                            attempt.scope = None  # ended: a late cancel of it cuts nothing
                             self.unwritten += 1
                             completer.push(_tuple_new(Outcome, (job.id, job.attempt, _COMPLETED, None, None)), self)  # common
                             # The next held job starts in this run if taking it needs no yield.
@@ -566,7 +564,6 @@ class QueueExecutor:
                             timeout = runner.timeout
                             started = clock()
                             deadline = started + timeout if timeout is not None else math.inf
-                            own = attempt.scope
                             scope.deadline = deadline
                             attempt.scope = scope
                 except trio.Cancelled:
@@ -706,7 +703,7 @@ class QueueExecutor:
         held.clear()
         until.clear()
         for attempt, at in keep:
-            if attempt.job.kind == batch.kind and batch.room and not attempt.scope.cancel_called:
+            if attempt.job.kind == batch.kind and batch.room and attempt.reason is None:
                 self._attempts.end(attempt)
                 self._join(batch, attempt.job)
             else:
@@ -743,6 +740,7 @@ class QueueExecutor:
         started = clock()
         deadline = started + timeout if timeout is not None else math.inf
         scope = batch.scope
+        assert scope is not None  # a batch has its scope from the start
         scope.deadline = deadline
         ctx = BatchContext(jobs, deadline, batch)
         token = current_job_id.set(batch.job.id)

@@ -330,5 +330,5 @@ async def test_attempts_run_back_to_back_keep_their_own_deadlines_and_cancels(
         assert deadline == effective == start + 1.0, job_id
     assert states[victim] is nj.JobState.CANCELLED
     assert {states[i] for i in too_slow} == {nj.JobState.DISCARDED}
-    assert {ran_for[i] for i in too_slow} == {1.0}  # cut at its own deadline, not earlier or later
+    assert all(ran_for[i] == pytest.approx(1.0, abs=1e-9) for i in too_slow)  # cut at its own deadline, no earlier or later
     assert {states[i] for i in [*quick, *sleepy, *late, *rest]} == {nj.JobState.COMPLETED}
