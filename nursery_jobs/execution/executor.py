@@ -445,134 +445,145 @@ class QueueExecutor:
         clock = trio.lowlevel.current_clock().current_time  # the run's clock (MockClock in tests), one call per read
         try:
             while self._claiming:
-                job: ClaimedJob | None
-                if held:
-                    # A job claimed ahead: no round trip, no hand-off. It is in the registry
-                    # already; a cancel request or a lost claim may have reached it there.
-                    attempt = held.popleft()
-                    held_until.popleft()
-                    job = attempt.job
-                    box.last = job
-                    if len(held) == self._low_water:
-                        # Down to the low water: let the fetcher send its claim now, so that it
-                        # travels while this worker and the others run what is left.
-                        self._fetcher_wakeup.set()
-                        try:
-                            await trio.lowlevel.checkpoint()
-                        except trio.Cancelled:
-                            attempts.end(attempt)  # torn down from outside: not started, given back
-                            self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
-                            raise
-                        if not self._claiming:
-                            attempts.end(attempt)  # shutdown began meanwhile: nothing starts now
-                            self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
-                            continue
-                    if attempt.reason is not None:
-                        # A cancel request or a lost claim reached it before it started.
-                        attempts.end(attempt)
-                        kind = OutcomeKind.CANCELLED if attempt.reason == "cancel" else OutcomeKind.INTERRUPTED
-                        self._push(Outcome(job.id, job.attempt, kind))
-                        continue
-                else:
-                    self._idle.append(box)
-                    self._fetcher_wakeup.set()
-                    try:
-                        job = await box.get()
-                    except trio.Cancelled:
-                        # Torn down from outside: a job put in the box but not taken goes back.
-                        leftover = box.take_nowait()
-                        if leftover is not None:
-                            self._give_back_job(leftover)
-                        raise
-                    if job is None:
-                        return
-                    attempt = None
-                    if self._cancel_reason is not None or not self._claiming:
-                        # Handed to this worker before shutdown began (a signal can land between
-                        # the fetcher's hand-off and this task's wake-up), but not started yet:
-                        # nothing starts once shutdown has begun, so the attempt is given back.
-                        self._give_back_job(job)
-                        continue
-                if job.kind in batch_kinds:
-                    box.last = job
-                    await self._batch(job, attempt)
-                    continue
-                ready = self._ready(job, attempt)
-                if ready is None:
-                    continue
-                runner, args = ready
-                timeout = runner.timeout
-                started = clock()
-                deadline = started + timeout if timeout is not None else math.inf
-                scope = trio.CancelScope(deadline=deadline)  # the timeout runs from the start, not the claim
-                if attempt is None:
-                    attempt = Attempt(job, scope, _children)
-                    attempts.begin(attempt)
-                else:
-                    attempt.scope = scope
-                error: BaseException | None = None
-                ran_out = False  # the run ended with a completed attempt: nothing is left to decide
+                scope = trio.CancelScope()  # the worker's, until an attempt is cut (or the worker ends)
+                running = False  # an attempt of this scope's was started and not yet simply completed
                 try:
                     with scope:
-                        while True:
-                            ctx = JobContext(args, deadline, attempt)
-                            token = current_job_id.set(job.id)
-                            try:
-                                await runner.call(ctx, args)
-                            except Exception as exc:
-                                error = exc
-                            except BaseException as exc:
-                                if process_exit(exc) is None:
-                                    raise  # Cancelled (ours is caught by the scope), GeneratorExit
-                                error = exc  # sys.exit() or KeyboardInterrupt in the handler
-                            finally:
-                                current_job_id.reset(token)
-                                attempts.end(attempt)
-                            ended = clock()
-                            if prefetch:
-                                self._ended += 1
-                                self._busy += ended - started
-                            if error is not None or attempt.reason is not None or ended >= deadline:
-                                # Decided below, once the scope has exited. The scope can only
-                                # have been cancelled by a reason (`Attempt.cancel`) or by its
-                                # deadline, which has passed if it fired: reading `cancel_called`
-                                # here instead would cost a clock read, and would also call an
-                                # attempt that overran its deadline without yielding timed out,
-                                # where its own scope, read once exited, says it completed.
-                                break
-                            attempt.scope = None  # ended: a late cancel of it cuts nothing
-                            self.unwritten += 1
-                            completer.push(_tuple_new(Outcome, (job.id, job.attempt, _COMPLETED, None, None)), self)  # common
-                            # The next held job starts in this run if taking it needs no yield.
-                            if not (held and self._claiming and len(held) - 1 != self._low_water):
-                                ran_out = True
-                                break
-                            following = held[0]
-                            if following.reason is not None or following.job.kind in batch_kinds:
-                                ran_out = True  # cancelled before it started, or a batch's: the loop above takes it
-                                break
-                            held.popleft()
-                            held_until.popleft()
-                            attempt = following
-                            job = attempt.job
-                            box.last = job
+                        while self._claiming:
+                            job: ClaimedJob | None
+                            if held:
+                                # A job claimed ahead: no round trip, no hand-off. It is in the registry
+                                # already; a cancel request or a lost claim may have reached it there.
+                                attempt = held.popleft()
+                                held_until.popleft()
+                                job = attempt.job
+                                box.last = job
+                                if len(held) == self._low_water:
+                                    # Down to the low water: let the fetcher send its claim now, so that it
+                                    # travels while this worker and the others run what is left.
+                                    self._fetcher_wakeup.set()
+                                    try:
+                                        await trio.lowlevel.checkpoint()
+                                    except trio.Cancelled:
+                                        attempts.end(attempt)  # torn down from outside: not started, given back
+                                        self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
+                                        raise
+                                    if not self._claiming:
+                                        attempts.end(attempt)  # shutdown began meanwhile: nothing starts now
+                                        self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
+                                        continue
+                                if attempt.reason is not None:
+                                    # A cancel request or a lost claim reached it before it started.
+                                    attempts.end(attempt)
+                                    kind = OutcomeKind.CANCELLED if attempt.reason == "cancel" else OutcomeKind.INTERRUPTED
+                                    self._push(Outcome(job.id, job.attempt, kind))
+                                    continue
+                            else:
+                                self._idle.append(box)
+                                self._fetcher_wakeup.set()
+                                try:
+                                    job = await box.get()
+                                except trio.Cancelled:
+                                    # Torn down from outside: a job put in the box but not taken goes back.
+                                    leftover = box.take_nowait()
+                                    if leftover is not None:
+                                        self._give_back_job(leftover)
+                                    raise
+                                if job is None:
+                                    return
+                                attempt = None
+                                if self._cancel_reason is not None or not self._claiming:
+                                    # Handed to this worker before shutdown began (a signal can land between
+                                    # the fetcher's hand-off and this task's wake-up), but not started yet:
+                                    # nothing starts once shutdown has begun, so the attempt is given back.
+                                    self._give_back_job(job)
+                                    continue
+                            if job.kind in batch_kinds:
+                                box.last = job
+                                await self._batch(job, attempt)
+                                continue
                             ready = self._ready(job, attempt)
                             if ready is None:
-                                ran_out = True
-                                break
+                                continue
                             runner, args = ready
                             timeout = runner.timeout
                             started = clock()
                             deadline = started + timeout if timeout is not None else math.inf
-                            scope.deadline = deadline
-                            attempt.scope = scope
+                            if deadline != math.inf:
+                                scope.deadline = deadline  # the timeout runs from the start, not the claim
+                            if attempt is None:
+                                attempt = Attempt(job, scope, _children)
+                                attempts.begin(attempt)
+                            else:
+                                attempt.scope = scope
+                            error: BaseException | None = None
+                            running = True
+                            while True:
+                                ctx = JobContext(args, deadline, attempt)
+                                token = current_job_id.set(job.id)
+                                try:
+                                    await runner.call(ctx, args)
+                                except Exception as exc:
+                                    error = exc
+                                except BaseException as exc:
+                                    if process_exit(exc) is None:
+                                        raise  # Cancelled (ours is caught by the scope), GeneratorExit
+                                    error = exc  # sys.exit() or KeyboardInterrupt in the handler
+                                finally:
+                                    current_job_id.reset(token)
+                                    attempts.end(attempt)
+                                ended = clock()
+                                if prefetch:
+                                    self._ended += 1
+                                    self._busy += ended - started
+                                if error is not None or attempt.reason is not None or ended >= deadline:
+                                    # Decided below, once the scope has exited. The scope can only
+                                    # have been cancelled by a reason (`Attempt.cancel`) or by its
+                                    # deadline, which has passed if it fired: reading `cancel_called`
+                                    # here instead would cost a clock read, and would also call an
+                                    # attempt that overran its deadline without yielding timed out,
+                                    # where its scope, read once exited, says it completed.
+                                    break
+                                attempt.scope = None  # ended: a late cancel of it cuts nothing
+                                self.unwritten += 1
+                                completer.push(_tuple_new(Outcome, (job.id, job.attempt, _COMPLETED, None, None)), self)  # common
+                                # The next held job starts at once if taking it needs no yield.
+                                if not (held and self._claiming and len(held) - 1 != self._low_water):
+                                    running = False
+                                    break
+                                following = held[0]
+                                if following.reason is not None or following.job.kind in batch_kinds:
+                                    running = False  # cancelled before it started, or a batch's: taken above
+                                    break
+                                held.popleft()
+                                held_until.popleft()
+                                attempt = following
+                                job = attempt.job
+                                box.last = job
+                                ready = self._ready(job, attempt)
+                                if ready is None:
+                                    running = False
+                                    break
+                                runner, args = ready
+                                timeout = runner.timeout
+                                started = clock()
+                                deadline = started + timeout if timeout is not None else math.inf
+                                scope.deadline = deadline
+                                attempt.scope = scope
+                            if running:
+                                break  # leave the scope: the attempt is decided once it has exited
+                            if deadline != math.inf:
+                                scope.deadline = math.inf  # no attempt's deadline may fire while the worker waits
                 except trio.Cancelled:
-                    # Not our scope: the whole runtime is being torn down from outside. The
-                    # attempt is given back, as in a shutdown, and the cancellation goes on.
-                    self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
+                    if running:
+                        assert job is not None
+                        # Not our scope: the whole runtime is being torn down from outside. The
+                        # attempt is given back, as in a shutdown, and the cancellation goes on.
+                        self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
                     raise
-                if ran_out:
-                    continue
+                if not running:
+                    continue  # the worker stopped taking jobs
+                assert job is not None and attempt is not None  # the attempt that left the scope
                 if error is None and not scope.cancel_called:
                     self.unwritten += 1
                     completer.push(_tuple_new(Outcome, (job.id, job.attempt, _COMPLETED, None, None)), self)
