@@ -473,10 +473,7 @@ class QueueExecutor:
                                         self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
                                         continue
                                 if attempt.reason is not None:
-                                    # A cancel request or a lost claim reached it before it started.
-                                    attempts.end(attempt)
-                                    kind = OutcomeKind.CANCELLED if attempt.reason == "cancel" else OutcomeKind.INTERRUPTED
-                                    self._push(Outcome(job.id, job.attempt, kind))
+                                    self._not_started(attempt)  # a cancel request or a lost claim reached it
                                     continue
                             else:
                                 self._idle.append(box)
@@ -671,10 +668,15 @@ class QueueExecutor:
             del self._open[batch.kind]
         batch.started = True  # nothing joins it any more
         for member in batch.members:
-            self._attempts.end(member)
-            job = member.job
-            kind = OutcomeKind.CANCELLED if member.reason == "cancel" else OutcomeKind.INTERRUPTED
-            self._push(Outcome(job.id, job.attempt, kind))
+            self._not_started(member)
+
+    def _not_started(self, attempt: Attempt) -> None:
+        """An attempt that will not start ends: cancelled if a cancel request reached it before
+        its start, else interrupted (available again at once, the attempt not counted)."""
+        self._attempts.end(attempt)
+        job = attempt.job
+        kind = OutcomeKind.CANCELLED if attempt.reason == "cancel" else OutcomeKind.INTERRUPTED
+        self._push(Outcome(job.id, job.attempt, kind))
 
     async def _batch(self, job: ClaimedJob, held: Attempt | None) -> None:
         """Collect a batch from `job` on (at most `max_size` jobs, at most `max_wait` after its
@@ -730,10 +732,7 @@ class QueueExecutor:
         for member in batch.members:
             job = member.job
             if member.reason is not None:
-                # Cancelled or lost while it was collected: it does not start.
-                attempts.end(member)
-                kind = OutcomeKind.CANCELLED if member.reason == "cancel" else OutcomeKind.INTERRUPTED
-                self._push(Outcome(job.id, job.attempt, kind))
+                self._not_started(member)  # cancelled or lost while it was collected
                 continue
             try:
                 args = decode_args(job.args_json)
