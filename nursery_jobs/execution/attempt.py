@@ -1,11 +1,13 @@
 """One attempt of one job: its scope, its handler chain, and the outcome it ends with.
 
-An attempt runs inside exactly one `trio.CancelScope` whose deadline is the job's timeout.
+An attempt runs inside one `trio.CancelScope` whose deadline is the job's timeout (the
+worker's scope, which each attempt holds while it runs: `executor.QueueExecutor._worker`).
 Shutdown, a remote cancel and a lost claim cancel the same scope after writing their *reason* on
 the attempt, so the outcome is decided by which cause fired, not by the exception type the
 handler let out: a reason of "cancel" gives cancelled, "shutdown" and "lost" give interrupted
 (the attempt is given back), no reason with the scope cancelled means the deadline passed (a
-failure, "timed out after N s"). One scope per attempt keeps the per-job cost low.
+failure, "timed out after N s"). One scope per attempt, and no fresh scope per attempt,
+keeps the per-job cost low.
 
 The call itself is a `KindRunner`, built once per job kind at start-up: the handler, or the
 handler wrapped by the asyncio bridge, wrapped by the app's middleware chain (`async def

@@ -422,18 +422,21 @@ class QueueExecutor:
     async def _worker(self) -> None:
         """Take a job, run one attempt of it, repeat.
 
-        Attempts that follow one another with no yield in between (a worker that ends one and
-        takes the next held job) share one cancel scope, a *run*: its deadline moves to each
-        attempt's own as the attempt starts, and the attempt is the scope's only while it runs.
-        That is safe because a deadline fires, and a cancel reaches a task, only at a yield: the
-        only yield inside the scope is the handler's, so between two attempts the scope belongs
-        to none. And it matters because entering and leaving a scope with a deadline costs
-        several microseconds, a large share of what the runtime spends on a short job. A run
-        ends before anything else that may yield (an idle wait, the low-water checkpoint, a
-        batch), and with any attempt that did not simply complete: its outcome is decided once
-        the scope has exited, as if it had had a scope of its own. An attempt that ended in a
-        run that goes on is left with no scope, so a cancel that reaches it late (it is out of
-        the registry by then) only records its reason."""
+        A worker keeps one cancel scope for as long as its attempts simply complete: each
+        attempt holds it while it runs, with the scope's deadline moved to the attempt's own as
+        it starts (its timeout runs from its start), and between attempts the deadline is back at
+        inf and no attempt holds it. That is safe because a deadline fires, and a cancel reaches
+        the scope, only through the attempt that holds it: an attempt that ended is out of the
+        registry and left with no scope (`Attempt.cancel` then only records the reason), and
+        nothing can fire while the worker waits. It matters because entering and leaving a scope
+        with a deadline costs several microseconds, a large share of what the runtime spends on
+        a short job; a deadline write costs a third of that. An attempt that did not simply
+        complete (cut by its reason or its deadline, or raising) leaves the scope, and its
+        outcome is decided once the scope has exited, as if it had had a scope of its own; the
+        worker goes on in a new one. Inside, it reads the attempt's reason and the clock rather
+        than `cancel_called`, which would cost a clock read and would call an attempt that
+        overran its deadline without yielding timed out, where its exited scope says it
+        completed."""
         attempts = self._attempts
         completer = self._completer
         batch_kinds = self._batch_kinds
@@ -534,13 +537,7 @@ class QueueExecutor:
                                     self._ended += 1
                                     self._busy += ended - started
                                 if error is not None or attempt.reason is not None or ended >= deadline:
-                                    # Decided below, once the scope has exited. The scope can only
-                                    # have been cancelled by a reason (`Attempt.cancel`) or by its
-                                    # deadline, which has passed if it fired: reading `cancel_called`
-                                    # here instead would cost a clock read, and would also call an
-                                    # attempt that overran its deadline without yielding timed out,
-                                    # where its scope, read once exited, says it completed.
-                                    break
+                                    break  # cut by its reason or its deadline, or raised: decided below
                                 attempt.scope = None  # ended: a late cancel of it cuts nothing
                                 self.unwritten += 1
                                 completer.push(_tuple_new(Outcome, (job.id, job.attempt, _COMPLETED, None, None)), self)  # common
