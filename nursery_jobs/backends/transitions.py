@@ -64,6 +64,7 @@ __all__ = [
     "Next",
     "OUTCOME_TABLE",
     "OutcomeKind",
+    "PARK_AT_ONCE",
     "PENDING",
     "Rule",
     "Admission",
@@ -343,6 +344,12 @@ def unparks(before: JobState, after: JobState, *, parked: bool = False) -> int:
     if before is JobState.AVAILABLE and not parked and after is JobState.CANCELLED:
         return 1
     return 0
+
+
+PARK_AT_ONCE = 1000
+"""A claim reads at most this many due jobs beyond the number it was asked for, passing over
+(and parking) those of full keys: a large backlog is parked over several claims, each a
+bounded statement or transaction, never in one that writes all of it."""
 
 
 def parked_can_start(running: int, limit: int | None) -> bool:
