@@ -796,7 +796,9 @@ class PostgresBackend:
             # and the others through `claim_picked`, under the limits' locks.
             more = False
             for _ in range(_CLAIM_LOOKS):
-                params = {"now": now, "queue": queue, "limit": limit - len(jobs), "max_running": max_running}
+                params = {"now": now, "queue": queue, "limit": limit - len(jobs)}
+                if max_running is not None:
+                    params["max_running"] = max_running
                 for r in await _all(conn, q, params):
                     if r[0] is not None:
                         jobs.append(r)
@@ -1607,7 +1609,9 @@ def _claim_sql(*, limited: bool) -> str:
         # by this statement's scans until the commit: nobody else can claim or change them.
         " held AS (SELECT * FROM {s}.claim_picked((SELECT ids FROM hold), (SELECT keys FROM hold),"
         "   (SELECT most FROM hold), (SELECT rkeys FROM hold), (SELECT rlimits FROM hold), (SELECT rpers FROM hold),"
-        "   %(queue)s::text, (%(limit)s - (SELECT count(*) FROM claimed))::int, %(max_running)s::int, %(now)s::float8)"
+        "   %(queue)s::text, (%(limit)s - (SELECT count(*) FROM claimed))::int, "
+        + ("%(max_running)s::int" if limited else "NULL::int")
+        + ", %(now)s::float8)"
         "  WHERE (SELECT ids FROM hold) IS NOT NULL AND (SELECT count(*) FROM promoted) >= 0"
         "   AND (SELECT count(*) FROM parked) >= 0 AND (SELECT count(*) FROM claimed) >= 0)"
         " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, NULL::int, NULL::int, NULL::bigint,"
