@@ -8,7 +8,10 @@ What it measures, per backend (PostgreSQL; SQLite and memory beside it):
    inserted directly, then `ANALYZE`d; memory: `insert_many`), drained by one runtime of W
    workers until M jobs completed; jobs per second from the first start to the M-th. The
    unlimited side's jobs have no key; the keyed side's job n has the key ``k<n % K>`` with
-   `max_concurrent` 1, for K in 1, 10, 1,000 and 100,000. Rounds alternate the sides, each on a
+   `max_concurrent` 1, for K in 1, 10, 1,000 and 100,000 (``--same-args``: the unlimited side's
+   job n carries the same key as an argument only, and its handler does the same bookkeeping, so
+   the sides differ by the limit alone; without it the unlimited jobs have no arguments, whose
+   decoding the runtime skips). Rounds alternate the sides, each on a
    freshly filled table, and the figure is the median of the per-round ratios keyed / unlimited.
    (With K keys at a limit of 1 at most K jobs run at once, so K = 1 runs one job at a time by
    design: its figure is the cost of the limit, not a target.)
@@ -78,6 +81,9 @@ class Sizes:
     busy_hold: float = 0.05
     """Seconds each job of the busy key runs, in the latency-behind-a-full-key measurement."""
     backends: tuple[str, ...] = ("postgres", "sqlite", "memory")
+    same_args: bool = False
+    """The unlimited side's jobs carry the keyed side's arguments (their key as an argument, with
+    no limit) and its handler's bookkeeping: the two sides then differ by the limit alone."""
 
 
 QUICK = Sizes(jobs=300, measured=100, serial_measured=20, workers=8, rounds=1, keys=(1, 10, 1_000), probes=10)
@@ -121,8 +127,8 @@ def build_app(workers: int, box: list[Box]) -> nj.App:
             b.running[key] -= 1
 
     @app.job(queue=QUEUE, name="plain")
-    async def plain(ctx: nj.JobContext, n: int = 0) -> None:
-        await body(ctx, None)
+    async def plain(ctx: nj.JobContext, n: int = 0, key: str | None = None) -> None:
+        await body(ctx, key)
 
     @app.job(queue=QUEUE, name="keyed", concurrency_key=lambda args: args["key"], max_concurrent=1)
     async def keyed(ctx: nj.JobContext, key: str, n: int = 0) -> None:
@@ -138,7 +144,9 @@ def build_app(workers: int, box: list[Box]) -> nj.App:
 # -- filling --
 
 
-def pg_fill(url: str, n: int, keys: int | None) -> None:
+def pg_fill(url: str, n: int, keys: int | None, limited: bool = True) -> None:
+    """`keys` None: unkeyed jobs with no arguments; else job g has the key ``k<g % keys>``, as a
+    limit of 1 (`limited`) or only as an argument of the unlimited kind."""
     fresh_schema(url, SCHEMA)
     t = sql.SQL("{}.jobs").format(sql.Identifier(SCHEMA))
     now = time.time() - 60
@@ -156,15 +164,15 @@ def pg_fill(url: str, n: int, keys: int | None) -> None:
                 sql.SQL(
                     "INSERT INTO {} (kind, queue, args, state, max_attempts, priority, run_at, created_at,"
                     " concurrency_key, max_concurrent)"
-                    " SELECT 'keyed', %s, '{{\"key\": \"k' || (g %% %s) || '\"}}', 'available', 25, 0, %s + g * 1e-6, %s,"
-                    "  'k' || (g %% %s), 1 FROM generate_series(1, %s) g"
+                    " SELECT %s, %s, '{{\"key\": \"k' || (g %% %s) || '\"}}', 'available', 25, 0, %s + g * 1e-6, %s,"
+                    "  CASE WHEN %s THEN 'k' || (g %% %s) END, CASE WHEN %s THEN 1 END FROM generate_series(1, %s) g"
                 ).format(t),
-                (QUEUE, keys, now, now, keys, n),
+                ("keyed" if limited else "plain", QUEUE, keys, now, now, limited, keys, limited, n),
             )
         conn.execute(sql.SQL("VACUUM ANALYZE {}").format(t))
 
 
-def sqlite_fill(path: str, n: int, keys: int | None) -> None:
+def sqlite_fill(path: str, n: int, keys: int | None, limited: bool = True) -> None:
     import sqlite3
 
     for suffix in ("", "-wal", "-shm"):
@@ -172,9 +180,10 @@ def sqlite_fill(path: str, n: int, keys: int | None) -> None:
     nj.run(_nothing, app=nj.App(), backend=f"sqlite:///{path}", queues=[])  # creates the schema
     now = time.time() - 60
     with sqlite3.connect(path) as conn:
+        lim = keys is not None and limited
         rows = [
-            ("keyed" if keys is not None else "plain", QUEUE, '{"key": "k%d"}' % (g % keys) if keys is not None else "{}",
-             "available", 25, 0, now + g * 1e-6, now, None if keys is None else f"k{g % keys}", None if keys is None else 1)
+            ("keyed" if lim else "plain", QUEUE, '{"key": "k%d"}' % (g % keys) if keys is not None else "{}",
+             "available", 25, 0, now + g * 1e-6, now, f"k{g % keys}" if lim else None, 1 if lim else None)
             for g in range(1, n + 1)
         ]  # fmt: skip
         conn.executemany(
@@ -190,33 +199,36 @@ async def _nothing(rt: nj.Runtime) -> None:
     return None
 
 
-def memory_jobs(n: int, keys: int | None) -> list[NewJob]:
+def memory_jobs(n: int, keys: int | None, limited: bool = True) -> list[NewJob]:
     if keys is None:
         return [NewJob("plain", QUEUE, "{}", 0, None, 25) for _ in range(n)]
+    if not limited:
+        return [NewJob("plain", QUEUE, '{"key": "k%d"}' % (g % keys), 0, None, 25) for g in range(1, n + 1)]
     return [NewJob("keyed", QUEUE, '{"key": "k%d"}' % (g % keys), 0, None, 25, None, f"k{g % keys}", 1) for g in range(1, n + 1)]
 
 
 # -- one drain --
 
 
-def drain(backend: str, target: str, s: Sizes, keys: int | None) -> tuple[float, int]:
-    """(jobs per second, worst running count of one key) for one freshly filled backlog."""
+def drain(backend: str, target: str, s: Sizes, keys: int | None, limited: bool = True) -> tuple[float, int]:
+    """(jobs per second, worst running count of one key) for one freshly filled backlog
+    (`limited` False: the jobs carry their keys as arguments only; see `Sizes.same_args`)."""
     measured = s.serial_measured if keys == 1 else s.measured
     box = [Box(measured)]
     app = build_app(s.workers, box)
     memory: nj.MemoryBackend | None = None
     if backend == "postgres":
-        pg_fill(target, s.jobs, keys)
+        pg_fill(target, s.jobs, keys, limited)
         where: Any = backend_url(target, SCHEMA)
     elif backend == "sqlite":
-        sqlite_fill(target, s.jobs, keys)
+        sqlite_fill(target, s.jobs, keys, limited)
         where = f"sqlite:///{target}"
     else:
         memory = nj.MemoryBackend()
         where = memory
 
     if memory is not None:
-        nj.run(lambda rt: memory.insert_many(memory_jobs(s.jobs, keys)), app=nj.App(), backend=memory, queues=[])
+        nj.run(lambda rt: memory.insert_many(memory_jobs(s.jobs, keys, limited)), app=nj.App(), backend=memory, queues=[])
 
     async def main(rt: nj.Runtime) -> None:
         with trio.fail_after(600):
@@ -343,7 +355,7 @@ def measure(backend: str, target: str, s: Sizes, log: Callable[[str], None]) -> 
     worst = 0
     for r in range(s.rounds):
         for keys in s.keys:
-            base, _ = drain(backend, target, s, None)
+            base, _ = drain(backend, target, s, keys if s.same_args else None, limited=False)
             rate, w = drain(backend, target, s, keys)
             worst = max(worst, w)
             rates[None].append(base)
@@ -378,6 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--backends", default=None, help="comma-separated subset of postgres,sqlite,memory")
     parser.add_argument("--keys", default=None, help="comma-separated numbers of distinct keys (default 1,10,1000,100000)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per number of keys (default 2)")
+    parser.add_argument("--same-args", action="store_true", help="the unlimited side's jobs carry the keyed side's arguments")
     parser.add_argument("--claim-cost", action="store_true", help="only the claim and outcome cost, one call at a time (PostgreSQL)")
     args = parser.parse_args(argv)
     if args.claim_cost:
@@ -396,7 +409,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         s = attrs.evolve(s, keys=tuple(int(k) for k in args.keys.split(",")))
     if args.rounds:
         s = attrs.evolve(s, rounds=args.rounds)
-    print(f"per-key concurrency: {s.jobs:,} jobs pre-filled, {s.workers} workers, keys {s.keys}, {s.rounds} round(s)")
+    if args.same_args:
+        s = attrs.evolve(s, same_args=True)
+    print(f"per-key concurrency: {s.jobs:,} jobs pre-filled, {s.workers} workers, keys {s.keys}, {s.rounds} round(s)"
+          + (", unlimited side with the same arguments" if s.same_args else ""))  # fmt: skip
     rows: list[list[str]] = []
     started = time.perf_counter()
     try:

@@ -1521,7 +1521,7 @@ _KEY_FREE = (
     " < coalesce({t}.max_concurrent, 1)"
 )
 """A keyed job's key is below the job's limit, as the statement's snapshot sees it: the claim's
-scan passes over the others and parks them (a hint, read without the key's lock: `claim_held`
+scan passes over the others and parks them (a hint, read without the key's lock: `claim_picked`
 decides what starts, and the park takes its own locks)."""
 
 _UNPARK_FREED = (
@@ -1540,7 +1540,7 @@ _RATE_FREE = (
 )
 """A rate-keyed job's key has a slot open now, as the statement's snapshot sees it (migration
 0010): the claim's scan passes over the others (a hint, read without the key's lock:
-`claim_held` decides)."""
+`claim_picked` decides)."""
 
 _RATE_NEXT = (
     "(SELECT min({s}.rate_slot(k.starts, coalesce(b.rate_limit, 1), b.rate_per, %(now)s, 0))"
