@@ -30,6 +30,19 @@
 -- never NULL), p_rkeys[i], p_rlimits[i] (never NULL) and p_rpers[i] are job p_ids[i]'s. It
 -- returns the claimed rows, and one row with a NULL id whose run_at is the earliest slot of a
 -- candidate refused for its rate, when there is one.
+-- The distinct keys of p_keys (NULLs left out), each locked for the rest of the transaction
+-- (the advisory lock (p_space, hashtext(p_prefix || key)), as `claim_held` and `rate_lock` take
+-- them), in hash order: every claimer takes its locks in this order.
+CREATE FUNCTION {schema}.lock_keys(p_space integer, p_prefix text, p_keys text[]) RETURNS text[]
+LANGUAGE sql VOLATILE AS $$
+    SELECT coalesce(array_agg(k ORDER BY h, k), ARRAY[]::text[]) FROM (
+        SELECT k, h, pg_advisory_xact_lock(p_space, h) FROM (
+            SELECT DISTINCT u.k, hashtext(p_prefix || u.k) AS h FROM unnest(p_keys) AS u(k)
+            WHERE u.k IS NOT NULL ORDER BY 2, 1
+        ) sorted
+    ) locked
+$$;
+
 CREATE FUNCTION {schema}.claim_picked(
     p_ids bigint[], p_keys text[], p_most integer[], p_rkeys text[], p_rlimits integer[],
     p_rpers double precision[], p_queue text, p_want integer, p_max_running integer, p_now double precision
@@ -63,19 +76,9 @@ BEGIN
     IF p_max_running IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(space, hashtext('queue ' || p_queue));
     END IF;
-    SELECT coalesce(array_agg(k ORDER BY h, k), ARRAY[]::text[]) INTO keys FROM (
-        SELECT k, h, pg_advisory_xact_lock(space, h) FROM (
-            SELECT DISTINCT u.k, hashtext('key ' || u.k) AS h FROM unnest(p_keys) AS u(k)
-            WHERE u.k IS NOT NULL ORDER BY 2, 1
-        ) sorted
-    ) locked;
+    keys := {schema}.lock_keys(space, 'key ', p_keys);
     -- rate: the rate keys' locks, after the concurrency keys' (one order for every claimer).
-    SELECT coalesce(array_agg(k ORDER BY h, k), ARRAY[]::text[]) INTO rkeys FROM (
-        SELECT k, h, pg_advisory_xact_lock(rspace, h) FROM (
-            SELECT DISTINCT u.k, hashtext('rate ' || u.k) AS h FROM unnest(p_rkeys) AS u(k)
-            WHERE u.k IS NOT NULL ORDER BY 2, 1
-        ) sorted
-    ) locked;
+    rkeys := {schema}.lock_keys(rspace, 'rate ', p_rkeys);
     radded := array_fill(0, ARRAY[cardinality(rkeys)]);
     rcaps := array_fill(1, ARRAY[cardinality(rkeys)]);
     rpers := array_fill(0::double precision, ARRAY[cardinality(rkeys)]);

@@ -127,7 +127,7 @@ async def test_a_version_1_schema_is_refused_then_upgraded_by_migrate(pg_url):
     schema = pgutil.new_schema(pg_url)
     with psycopg.connect(pg_url, autocommit=True) as conn:  # back to what version 1 left
         conn.execute(f'DELETE FROM "{schema}".migrations WHERE version >= 2')
-        conn.execute(f'DROP FUNCTION "{schema}".claim_picked')  # back before version 13
+        conn.execute(f'DROP FUNCTION "{schema}".claim_picked, "{schema}".lock_keys')  # back before version 13
         conn.execute(f'DROP TABLE "{schema}".rate_keys')  # back before version 10
         conn.execute(f'DROP FUNCTION "{schema}".rate_slot, "{schema}".rate_lock, "{schema}".rate_record')
         conn.execute(f'DROP INDEX "{schema}".jobs_pending_rate')

@@ -49,7 +49,7 @@ def test_migrate_sets_the_jobs_tables_autovacuum_thresholds_on_a_version_4_schem
         assert _reloptions(conn, schema) == EXPECTED  # a new schema has them
         # back to what version 4 left: no storage parameters
         conn.execute(f'DELETE FROM "{schema}".migrations WHERE version >= 5')
-        conn.execute(f'DROP FUNCTION "{schema}".claim_picked')  # back before version 13
+        conn.execute(f'DROP FUNCTION "{schema}".claim_picked, "{schema}".lock_keys')  # back before version 13
         conn.execute(f'DROP FUNCTION "{schema}".unpark_keys, "{schema}".repair_parked')  # back before version 11
         conn.execute(f'ALTER TABLE "{schema}".jobs DROP COLUMN parked')  # (and the indexes that use it)
         conn.execute(
