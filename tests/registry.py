@@ -262,10 +262,24 @@ def _sqlite_store(request: pytest.FixtureRequest) -> Store:
         # One process: every wake-up is pushed in-process, so the cross-process poll only
         # costs real time per virtual second here (each poll is a thread hop before autojump).
         backend.poll_interval = 60.0
-        watch(request, backend, lambda b: b._limiter.borrowed_tokens > 0)  # a call on its thread
+        watch(request, backend, _sqlite_call_runs)
         return backend
 
     return Store(open_instance, shared=True)
+
+
+def _sqlite_call_runs(backend: Any) -> bool:
+    """A call runs on the backend's thread, and is not one that may be waiting for the write
+    lock of the backend's own `transaction()` block: while the test holds that block open, a
+    write of the runtime's (a claim) waits in SQLite's busy handler until the block commits, and
+    the block ends only when virtual time goes on (the test's `trio.sleep` inside it). Counted
+    as in flight, that wait held the clock for `busy_timeout` (10 s real) per retry, and the
+    runtime retries with backoff: one test took 50-100 s whenever its worker's claim fell inside
+    the block."""
+    if backend._limiter.borrowed_tokens == 0:
+        return False
+    tx_conn = backend._tx_conn
+    return not (tx_conn is not None and tx_conn.in_transaction)
 
 
 def _sqlite_harness(request: pytest.FixtureRequest) -> Callable[[], nj.Backend]:
