@@ -269,13 +269,18 @@ def _sqlite_store(request: pytest.FixtureRequest) -> Store:
 
 
 def _sqlite_call_runs(backend: Any) -> bool:
-    """A call runs on the backend's thread, and is not one that may be waiting for the write
-    lock of the backend's own `transaction()` block: while the test holds that block open, a
-    write of the runtime's (a claim) waits in SQLite's busy handler until the block commits, and
-    the block ends only when virtual time goes on (the test's `trio.sleep` inside it). Counted
-    as in flight, that wait held the clock for `busy_timeout` (10 s real) per retry, and the
-    runtime retries with backoff: one test took 50-100 s whenever its worker's claim fell inside
-    the block."""
+    """A call runs on a thread: on the backend's transaction connection, on a caller's own
+    connection (Trio's default limiter), or on the backend's connection -- unless that one may
+    be waiting for the write lock of the backend's own `transaction()` block. While a test holds
+    the block open, a write of the runtime's (a claim) waits in SQLite's busy handler until the
+    block commits, and the block ends only when virtual time goes on (the test's `trio.sleep`
+    inside it). Counted as in flight, that wait held the clock for `busy_timeout` (10 s real) per
+    retry, and the runtime retries with backoff: one test took 50-100 s whenever its worker's
+    claim fell inside the block."""
+    if backend._tx_limiter.borrowed_tokens > 0:
+        return True  # a statement of the transaction connection's
+    if trio.to_thread.current_default_thread_limiter().borrowed_tokens > 0:
+        return True  # a statement on a caller's own connection (`run_callers_io`), or another thread
     if backend._limiter.borrowed_tokens == 0:
         return False
     tx_conn = backend._tx_conn
@@ -327,7 +332,11 @@ register(
     TestBackend(
         "sqlite",
         _sqlite_store,
-        autojump=0.05,
+        # 0: every wait of its own is seen (`_sqlite_call_runs`): its calls run on its two
+        # limiters' threads, a caller's connection on Trio's default limiter, and a wake-up
+        # datagram is in the receiver's socket before the sender's call returns. With 0.05
+        # each jump cost 50 ms of real time; the SQLite cases spent most of their time there.
+        autojump=0.0,
         harness=_sqlite_harness,
         damage=Damage(_sqlite_damage, ("not json at all", '"a string"', '[1, {"attempt": "x"}]'), untyped=True),
         transaction=_sqlite_transaction,
