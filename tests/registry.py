@@ -193,10 +193,19 @@ def query_aware_clock(autojump_threshold: float, in_flight: list[Callable[[], bo
     """
     clock = trio.testing.MockClock(autojump_threshold=autojump_threshold)
     jump = clock._autojump
+    # At threshold 0 the loop would look again at once, spinning on the GIL beside the very
+    # thread it waits for: while a query runs it looks every millisecond instead (the query's
+    # answer still wakes it at once).
+    recheck = max(autojump_threshold, 0.001)
 
     def autojump_unless_a_query_runs() -> None:
-        if not any(busy() for busy in in_flight):
-            jump()
+        if any(busy() for busy in in_flight):
+            if clock.autojump_threshold != recheck:
+                clock.autojump_threshold = recheck
+            return
+        if clock.autojump_threshold != autojump_threshold:
+            clock.autojump_threshold = autojump_threshold
+        jump()
 
     clock._autojump = autojump_unless_a_query_runs  # type: ignore[method-assign]
     return clock
