@@ -174,7 +174,13 @@ def _collect_if_alive(ref: weakref.ref[Any]) -> None:
     """A backend still alive after its test is held only by reference cycles (a traceback, a
     task): collect it now, so its pooled connections close now. Left to the garbage
     collector's own time, a worker held dozens, and four workers with other runs on the shared
-    server ran it out of connections ("too many clients")."""
+    server ran it out of connections ("too many clients").
+
+    The young generations first: the cycles are the test's own, almost always still there (313
+    of 314 backends in a sample), and collecting them costs under a millisecond where a full
+    collection of a worker's heap cost 0.1-0.5 s per test, over half the SQLite cases' time."""
+    if ref() is not None:
+        gc.collect(1)
     if ref() is not None:
         gc.collect()
 
