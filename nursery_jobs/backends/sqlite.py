@@ -69,7 +69,8 @@ from .protocol import (
     ScheduleState,
 )
 from .transitions import (
-    CancelAction, admit_rated, after_outcome, after_rescue, check_room, on_cancel, parked_can_start, rate_log, unparks,
+    PARK_AT_ONCE, CancelAction, admit_rated, after_outcome, after_rescue, check_room, on_cancel, parked_can_start,
+    rate_log, unparks,
 )  # fmt: skip
 from .rows import (
     SET_ASIDE_COLUMNS,
@@ -174,10 +175,6 @@ _KEY_INDEXES = (
 )
 
 _PENDING = "('available', 'scheduled', 'retryable')"
-_PARK_AT_ONCE = 1000
-"""A claim reads at most this many due jobs beyond the number it was asked for, parking those
-of full keys: a large backlog is parked over several claims, each a bounded transaction. Jobs
-refused for their rate are not parked: past them the claim reads on, this many at a time."""
 _IDS_PER_STATEMENT = 500
 _COUNT_PENDING = (
     "SELECT count(*) FROM (SELECT 1 FROM nj_jobs INDEXED BY nj_jobs_due WHERE queue = ?"
@@ -997,9 +994,9 @@ class SqliteBackend:
             # takes them one by one, counting each key's running jobs once, and stops at
             # `limit`. A keyed job it passes over (its key is full) is parked, so later claims
             # do not read it again; a job of the key leaving `running` brings the best one back
-            # (`_unpark`). At most `_PARK_AT_ONCE` are read beyond `limit`, unless the claim is
+            # (`_unpark`). At most `PARK_AT_ONCE` are read beyond `limit`, unless the claim is
             # short and they held jobs refused for their rate alone: those are not parked, so it
-            # reads on, `_PARK_AT_ONCE` at a time, as long as that stays so. SQLite has one
+            # reads on, `PARK_AT_ONCE` at a time, as long as that stays so. SQLite has one
             # writer, and this runs under its write lock (BEGIN IMMEDIATE): the counts are exact.
             queue_running = 0
             if max_running is not None:
@@ -1034,7 +1031,7 @@ class SqliteBackend:
             running = _RunningByKey(conn)
             picked: list[int] = []
             rate_next: float | None = None
-            size = limit + _PARK_AT_ONCE
+            size = limit + PARK_AT_ONCE
             due = read_due(size)
             while True:
                 # A job `admit_rated` skips changes nothing it decides later, so the jobs started
@@ -1053,7 +1050,7 @@ class SqliteBackend:
                 refused = set(considered).intersection(due).difference(picked, _passed_over(seen, due, picked, running))
                 if len(due) < size or len(picked) >= limit or not refused:
                     break
-                size = _PARK_AT_ONCE
+                size = PARK_AT_ONCE
                 due = read_due(size)
             cur.close()
             if verdict.rate_started:

@@ -78,6 +78,22 @@ async def test_a_claim_and_an_outcome_batch_are_one_round_trip_each(backend, wai
     assert (await backend.stats())["q"].completed == 50
 
 
+async def test_a_claim_of_keyed_jobs_is_one_round_trip_too(backend, waits):
+    """Keyed jobs (and a queue's global limit) are claimed under the limits' locks by
+    `claim_picked`, which the claim statement calls itself (migration 0013)."""
+    await backend.claim("q", 1)
+    await backend.insert_many([NewJob("k", "q", "{}", 0, None, 3, None, f"key{i % 5}", 2) for i in range(20)])
+    for max_running in (None, 100):
+        result = None
+
+        async def claim():
+            nonlocal result
+            result = await backend.claim("q", 4, max_running=max_running)
+
+        assert await _trips(waits, claim) == 1
+        assert result is not None and len(result.jobs) == 4
+
+
 async def test_a_cancel_is_one_round_trip(backend, waits):
     (job,) = await backend.insert_many(_jobs(1))
     assert await _trips(waits, lambda: backend.cancel(job.id)) == 1
