@@ -98,6 +98,7 @@ from .protocol import (
     OutboxEvent,
     OutboxPublished,
     Outcome,
+    OutcomeKind,
     QueueCounts,
     Route,
     ScheduleState,
@@ -117,6 +118,7 @@ _MAX_STATEMENT_TIMEOUT = 2_147_483  # seconds: INT_MAX milliseconds, rounded dow
 _NOTIFY_IDS_PER_PAYLOAD = 400  # NOTIFY payloads are limited to 8000 bytes
 _STATES = {s.value: s for s in JobState}
 _tuple_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
+_COMPLETED_KIND = OutcomeKind.COMPLETED
 POOL_SESSION = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off", "jit": "off"}
 """Settings of every pooled connection, which runs only the runtime's own statements.
 
@@ -1438,17 +1440,25 @@ def _outcomes_json(outcomes: Sequence[Outcome], now: float) -> str:
     """The outcome statement's jsonb object: per "id:attempt" key, ``[kind, run_at]`` and the
     error entry to append when there is one. Built as text here: 1.2 us per outcome, where
     ``json.dumps`` of a dict of them takes 1.7 (measured). Kinds are the enum's plain values,
-    and run_at travels as the text of its ``repr`` (exact, and ``inf`` is no JSON number)."""
-    parts = []
+    and run_at travels as the text of its ``repr`` (exact, and ``inf`` is no JSON number). A
+    completed outcome (no run_at, no error: nearly all of them) shares one tail built once per
+    batch, which brings it to 0.35 us (measured)."""
+    now_text = repr(now)
+    completed = f'":["{_COMPLETED_KIND.value}","{now_text}"]'
+    parts: list[str] = []
+    append = parts.append
     for o in outcomes:
-        run_at = repr(now if o.run_at is None else max(o.run_at, now))
+        if o.kind is _COMPLETED_KIND and o.run_at is None and o.error is None:
+            append(f'"{int(o.job_id)}:{int(o.attempt)}{completed}')
+            continue
+        run_at = now_text if o.run_at is None else repr(max(o.run_at, now))
         key = f'"{int(o.job_id)}:{int(o.attempt)}":["{o.kind.value}","{run_at}"'
         e = o.error
         if e is None:
-            parts.append(key + "]")
+            append(key + "]")
         else:
             entry = json.dumps({"attempt": e.attempt, "at": e.at, "message": e.message, "traceback": e.traceback})
-            parts.append(f"{key},{entry}]")
+            append(f"{key},{entry}]")
     return "{" + ",".join(parts) + "}"
 
 

@@ -1,11 +1,13 @@
 """One attempt of one job: its scope, its handler chain, and the outcome it ends with.
 
-An attempt runs inside exactly one `trio.CancelScope` whose deadline is the job's timeout.
+An attempt runs inside one `trio.CancelScope` whose deadline is the job's timeout (the
+worker's scope, which each attempt holds while it runs: `executor.QueueExecutor._worker`).
 Shutdown, a remote cancel and a lost claim cancel the same scope after writing their *reason* on
 the attempt, so the outcome is decided by which cause fired, not by the exception type the
 handler let out: a reason of "cancel" gives cancelled, "shutdown" and "lost" give interrupted
 (the attempt is given back), no reason with the scope cancelled means the deadline passed (a
-failure, "timed out after N s"). One scope per attempt keeps the per-job cost low.
+failure, "timed out after N s"). One scope per attempt, and no fresh scope per attempt,
+keeps the per-job cost low.
 
 The call itself is a `KindRunner`, built once per job kind at start-up: the handler, or the
 handler wrapped by the asyncio bridge, wrapped by the app's middleware chain (`async def
@@ -73,11 +75,16 @@ _REASON_TEXT = {
 
 
 class Attempt:
-    """A running attempt: its job, its scope and, once someone cancels it, why."""
+    """A running attempt: its job, its scope and, once someone cancels it, why.
+
+    `scope` is None while the job is held (claimed ahead, not started) and once its attempt
+    ended in a worker's run that went on (`executor.QueueExecutor._worker`): a cancel then only
+    records its reason, which is all a job that is not running needs, and which the worker reads
+    before it starts a held job."""
 
     __slots__ = ("job", "scope", "reason", "queue", "_children")
 
-    def __init__(self, job: ClaimedJob, scope: trio.CancelScope, children: Callable[[ClaimedJob], Any]) -> None:
+    def __init__(self, job: ClaimedJob, scope: trio.CancelScope | None, children: Callable[[ClaimedJob], Any]) -> None:
         self.job = job
         self.scope = scope
         self.queue = job.queue
@@ -96,14 +103,22 @@ class Attempt:
     def client(self) -> Any:
         return get_enqueuer("ctx.client")
 
+    @property
+    def cancel_called(self) -> bool:
+        """Whether the attempt's scope was cancelled: by a reason, or by its deadline."""
+        return self.scope is not None and self.scope.cancel_called
+
     def cancel(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
+        scope = self.scope
+        if scope is None:
+            return  # not running: the reason is all it takes
         # The reason also reaches the handler: Cancelled's text and ctx.cancel_reason name it.
         if _CANCEL_TAKES_REASON:
-            self.scope.cancel(reason=_REASON_TEXT.get(self.reason, self.reason))
+            scope.cancel(reason=_REASON_TEXT.get(self.reason, self.reason))
         else:  # pragma: no cover - trio < 0.31 has no cancel reasons
-            self.scope.cancel()
+            scope.cancel()
 
 
 class Batch(Attempt):
@@ -294,7 +309,7 @@ def decide(
         assert leaf is not None
         message = f"{describe_exception(leaf)} (the handler made the process exit; the attempt counts as failed)"
         return _failure(job, runner, clean_text(message), format_traceback(error), now, rng)
-    if attempt.scope.cancel_called:
+    if attempt.cancel_called:
         # Which scope fired decides, even if the handler swallowed the Cancelled and returned:
         # a timed-out attempt is a timeout, a shutdown-cut one is given back.
         reason = attempt.reason
@@ -327,13 +342,13 @@ def decide_batch(
     jobs it returned (`NOT_HANDLED`) and completes the others. A return value that is not None
     or an iterable of this batch's jobs is an error of the handler's (every job fails)."""
     unhandled: set[int] = set()
-    if error is None and not batch.scope.cancel_called and returned is not None:
+    if error is None and not batch.cancel_called and returned is not None:
         try:
             unhandled = _unhandled(batch, returned)
         except Exception as exc:
             error = exc
     outcomes = []
-    cut = batch.scope.cancel_called
+    cut = batch.cancel_called
     for member in batch.members:
         job = member.job
         if error is None and not cut and member.reason is None and job.id not in unhandled:
@@ -342,7 +357,7 @@ def decide_batch(
         view: Attempt = member
         if member.reason is None and cut:
             view = batch  # the batch's deadline or shutdown decides for this job
-        if error is None and job.id in unhandled and not view.scope.cancel_called:
+        if error is None and job.id in unhandled and not view.cancel_called:
             outcome = _failure(job, runner, NOT_HANDLED, None, now, rng)
         else:
             outcome = decide(job, runner, view, error, now, rng)
