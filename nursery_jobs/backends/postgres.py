@@ -782,6 +782,7 @@ class PostgresBackend:
             return ClaimResult([], None)
         now = self.now()
         q, q_held = self._q["claim_limited" if max_running is not None else "claim"], self._q["claim_held"]
+        q_park, q_release = self._q["rate_park"], self._q["rate_release"]
 
         async def body(conn: TrioConnection) -> ClaimResult:
             next_due = rate_next = None
@@ -792,15 +793,20 @@ class PostgresBackend:
             # backlog never keeps the claim from other keys' jobs (no head-of-line blocking).
             # A job passed over for its key is parked by the look that passed it (migration
             # 0011), so no later look or claim reads it again; a look that parked some read at
-            # most `_PARK_AT_ONCE` of them, and the next look goes on behind them.
+            # most `_PARK_AT_ONCE` of them, and the next look goes on behind them. A job passed
+            # over for its rate is parked by `rate_park` under its key's lock, and a queue's rate
+            # key whose wake time has come brings back what its window admits (`rate_release`)
+            # before the next look (migration 0014).
             more = False
             for _ in range(_CLAIM_LOOKS):
                 want = limit - len(jobs)
                 rows = await _all(conn, q, {"now": now, "queue": queue, "limit": want})
                 held: list[int] = []
+                rate_ids: list[int] = []
+                wake = None
                 for r in rows:
                     if r[0] is None:
-                        next_due, held, more = r[7], r[8], r[9] > 0
+                        next_due, held, more, rate_ids, wake = r[7], r[8], r[9] > 0, r[10], r[11]
                     else:
                         jobs.append(r)
                 if held:
@@ -818,6 +824,18 @@ class PostgresBackend:
                             more = False
                             break  # the queue is full: nothing more may start
                         more = True
+                if rate_ids:
+                    row = await _one(conn, q_park, {"ids": rate_ids, "queue": queue, "now": now})
+                    if row is not None and row[0] is not None and (rate_next is None or row[0] < rate_next):
+                        rate_next = row[0]  # a rate key's wake time, armed under its lock
+                    more = True  # behind the ones parked, or not parked: the window moved
+                if wake is not None and wake <= now:
+                    row = await _one(conn, q_release, {"queue": queue, "now": now})
+                    if row is not None:
+                        wake = row[1]
+                        more = more or row[0] > 0
+                if wake is not None and wake > now and (rate_next is None or wake < rate_next):
+                    rate_next = wake
                 if len(jobs) >= limit or not more:
                     break  # room filled, or nothing was passed over: there is nothing behind
             if more and len(jobs) < limit:
@@ -1551,15 +1569,13 @@ _RATE_FREE = (
 0010): the claim's scan passes over the others (a hint, read without the key's lock:
 `claim_held` decides)."""
 
-_RATE_NEXT = (
-    "(SELECT min({s}.rate_slot(k.starts, coalesce(b.rate_limit, 1), b.rate_per, %(now)s, 0))"
-    " FROM (SELECT DISTINCT rate_key, rate_limit, rate_per FROM {s}.jobs WHERE queue = %(queue)s"
-    "  AND rate_key IS NOT NULL AND state IN ('available', 'scheduled', 'retryable') AND run_at <= %(now)s) b"
-    " JOIN {s}.rate_keys k ON k.key = b.rate_key)"
+_RATE_OPEN = (
+    "(" + _RATE_FREE + " AND NOT EXISTS (SELECT 1 FROM {{s}}.rate_wakes x WHERE x.queue = %(queue)s"
+    " AND x.key = {t}.rate_key AND x.wake <= %(now)s))"
 )
-"""The earliest next slot of a rate key with due jobs of the queue over their rate (through
-`jobs_pending_rate`): when they may start. Read only by a claim that found fewer jobs than it
-was asked for; a full claim is followed by another at once."""
+"""`_RATE_FREE`, and the key's wake time in the queue has not come with its parked jobs still
+parked (migration 0014): a job of the key enqueued after them must not start before them. The
+claim's scan reads the others and passes them over; the claim hands them to `rate_park`."""
 
 _KEEP_ERRORS = f"'$[last-{MAX_ERRORS_KEPT - 1} to last]'"
 """The jsonpath that keeps the last `MAX_ERRORS_KEPT` entries of a job's error list."""
@@ -1584,25 +1600,25 @@ def _claim_sql(*, limited: bool) -> str:
         "  FROM {s}.jobs WHERE queue = %(queue)s"
         "  AND state IN ('scheduled', 'retryable') AND run_at <= %(now)s"
         "  ORDER BY run_at, id LIMIT " + str(_PROMOTE_AT_ONCE) + " FOR UPDATE SKIP LOCKED),"
-        " scan AS (SELECT * FROM (SELECT id, priority, run_at, concurrency_key, max_concurrent, rate_key, free,"
-        "   count(*) FILTER (WHERE free) OVER w AS n, row_number() OVER w AS r"
+        " scan AS (SELECT * FROM (SELECT id, priority, run_at, concurrency_key, max_concurrent, rate_key, kfree, rfree,"
+        "   kfree AND rfree AS free, count(*) FILTER (WHERE kfree AND rfree) OVER w AS n, row_number() OVER w AS r"
         "  FROM (SELECT id, priority, run_at, concurrency_key, max_concurrent, rate_key,"
-        "    (a.concurrency_key IS NULL OR " + _KEY_FREE.format(t="a") + ") AS free"
+        "    (a.concurrency_key IS NULL OR " + _KEY_FREE.format(t="a") + ") AS kfree,"
+        "    (a.rate_key IS NULL OR " + _RATE_OPEN.format(t="a") + ") AS rfree"
         "   FROM {s}.jobs a WHERE queue = %(queue)s AND state = 'available' AND NOT parked AND run_at <= %(now)s"
-        "   AND (a.rate_key IS NULL OR " + _RATE_FREE.format(t="a") + ")"
         "   ORDER BY priority DESC, run_at, id FOR UPDATE SKIP LOCKED) o WINDOW w AS (ROWS UNBOUNDED PRECEDING)) c"
         "  WHERE n <= %(limit)s AND r <= %(limit)s + " + str(_PARK_AT_ONCE) + "),"
         " avail AS (SELECT id, priority, run_at, concurrency_key, rate_key FROM scan WHERE free),"
-        " passed AS (SELECT id, concurrency_key, coalesce(max_concurrent, 1) AS most FROM scan WHERE NOT free),"
+        " passed AS (SELECT id, concurrency_key, coalesce(max_concurrent, 1) AS most FROM scan WHERE NOT kfree),"
         " full_keys AS (SELECT concurrency_key, count(*) AS n FROM (SELECT r.concurrency_key FROM {s}.jobs r"
         "   WHERE r.state = 'running' AND r.concurrency_key = ANY(ARRAY(SELECT DISTINCT concurrency_key FROM passed))"
         "   FOR SHARE OF r SKIP LOCKED) k GROUP BY concurrency_key),"
-        " parked AS (UPDATE {s}.jobs SET parked = true WHERE id = ANY(ARRAY(SELECT p.id FROM passed p"
+        " parked AS (UPDATE {s}.jobs SET parked = true, rate_wait = false WHERE id = ANY(ARRAY(SELECT p.id FROM passed p"
         "   JOIN full_keys f ON f.concurrency_key = p.concurrency_key WHERE f.n >= p.most)) RETURNING 1),"
         " pick AS (SELECT id, concurrency_key, rate_key FROM (SELECT * FROM avail UNION ALL"
         "  SELECT id, priority, run_at, concurrency_key, rate_key FROM due d"
         "   WHERE (d.concurrency_key IS NULL OR " + _KEY_FREE.format(t="d") + ")"
-        "   AND (d.rate_key IS NULL OR " + _RATE_FREE.format(t="d") + ")) c"
+        "   AND (d.rate_key IS NULL OR " + _RATE_OPEN.format(t="d") + ")) c"
         "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s),"
         + direct
         + " promoted AS (UPDATE {s}.jobs SET state = 'available'"
@@ -1612,14 +1628,19 @@ def _claim_sql(*, limited: bool) -> str:
         "  heartbeat_at = %(now)s"
         " WHERE id = ANY(ARRAY(SELECT id FROM direct))"
         " RETURNING id, kind, queue, args, attempt, max_attempts, priority, run_at)"
-        " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, NULL::bigint[], NULL::bigint FROM claimed"
+        " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, NULL::bigint[], NULL::bigint,"
+        "  NULL::bigint[], NULL::float8 FROM claimed"
         " UNION ALL"
         " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
-        "  least((SELECT min(run_at) FROM {s}.jobs WHERE queue = %(queue)s"
+        "  (SELECT min(run_at) FROM {s}.jobs WHERE queue = %(queue)s"
         "   AND state IN ('scheduled', 'retryable') AND run_at > %(now)s),"
-        "   CASE WHEN (SELECT count(*) FROM pick) < %(limit)s THEN " + _RATE_NEXT + " END),"
         + held
-        + ", (SELECT count(*) FROM parked)"
+        + ", (SELECT count(*) FROM parked),"
+        # The jobs passed over for their rate, for `rate_park` (migration 0014), and the
+        # queue's earliest rate wake time.
+        "  ARRAY(SELECT id FROM scan WHERE NOT rfree UNION ALL SELECT id FROM due d"
+        "   WHERE d.rate_key IS NOT NULL AND NOT " + _RATE_OPEN.format(t="d") + "),"
+        "  (SELECT min(wake) FROM {s}.rate_wakes WHERE queue = %(queue)s)"
     )
 
 
@@ -1748,6 +1769,10 @@ _QUERIES: dict[str, sql.SQL] = {
         "SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, lost"
         " FROM {s}.claim_held(%(ids)s::bigint[], %(queue)s::text, %(want)s::int, %(max_running)s::int, %(now)s::float8)"
     ),
+    # Jobs a claim passed over for their rate, parked under their keys' locks; and a queue's
+    # rate keys whose wake time came, brought back as far as their windows admit (migration 0014).
+    "rate_park": sql.SQL("SELECT {s}.rate_park(%(ids)s::bigint[], %(queue)s::text, %(now)s::float8)"),
+    "rate_release": sql.SQL("SELECT released, next_wake FROM {s}.rate_release(%(queue)s::text, %(now)s::float8)"),
     # Rows by primary key, outcomes by key, and no join. The rows are found by `id = ANY(ids)`,
     # a lookup in the primary key, and each row's outcome is read from a jsonb object keyed by
     # "id:attempt" (`_outcomes_json`; a binary search per row, and OFFSET 0 keeps the sub-select
