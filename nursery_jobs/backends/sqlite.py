@@ -400,22 +400,23 @@ def _rate_wake_release(conn: sqlite3.Connection, queue: str, now: float, starts:
     return back
 
 
-def _rate_park(
-    conn: sqlite3.Connection, queue: str, refused: Sequence[tuple[int, str, float]]
-) -> None:
-    """Park the jobs a claim refused for their rate alone, (id, rate key, its next slot), and
-    keep each key's wake time in `queue` at the earliest of those slots."""
+def _rate_park(conn: sqlite3.Connection, queue: str, refused: Sequence[tuple[int, str, float, str | None]]) -> None:
+    """Park the jobs a claim refused for their rate alone, (id, rate key, its next slot, its
+    concurrency key), and keep each key's wake time in `queue` at the earliest of those slots.
+    A job with a concurrency key may have been the one its key's freed slot brought back: that
+    key's best parked job takes its place (as `unparks` says of a cancelled one)."""
     conn.executemany(
         "UPDATE nj_jobs SET state = 'available', parked = 1, rate_wait = 1 WHERE id = ?", [(r[0],) for r in refused]
     )
     wakes: dict[str, float] = {}
-    for _, key, slot in refused:
+    for _, key, slot, _ in refused:
         wakes[key] = min(slot, wakes.get(key, slot))
     conn.executemany(
         "INSERT INTO nj_rate_wake (queue, key, wake) VALUES (?1, ?2, ?3) ON CONFLICT (queue, key)"
         " DO UPDATE SET wake = min(wake, ?3)",
         [(queue, key, wake) for key, wake in wakes.items()],
     )
+    _unpark(conn, [r[3] for r in refused if r[3] is not None])
 
 
 def parse_sqlite_url(url: str) -> tuple[str, str, bool]:
@@ -1120,13 +1121,13 @@ class SqliteBackend:
             over_key = _passed_over(seen, due, picked, running)
             # Read and not started, its key not full, and over its rate after this claim's
             # starts: passed over for its rate alone, parked with its next slot.
-            refused: list[tuple[int, str, float]] = []
+            refused: list[tuple[int, str, float, str | None]] = []
             for i in sorted(set(due).difference(picked, over_key)):
                 rate = rates[i]
                 if rate is not None:
                     slot = rate_slot(starts[rate[0]], rate[1], rate[2], now, verdict.rate_started.get(rate[0], 0))
                     if slot is not None:
-                        refused.append((seen[i][0], rate[0], slot))
+                        refused.append((seen[i][0], rate[0], slot, seen[i][1]))
             _rate_park(conn, queue, refused)
             rate_next = min((r[2] for r in refused), default=None)
             ids = [seen[i][0] for i in picked]

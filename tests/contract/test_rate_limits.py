@@ -268,3 +268,33 @@ async def test_a_parked_rate_backlog_comes_back_one_window_at_a_time_in_claim_or
             dues.append(due)
     assert windows == [[ids[n] for n in order[3 * w : 3 * w + 3]] for w in range(10)]
     assert dues[:9] == [t0 + 10 * (w + 1) for w in range(9)]
+
+
+async def test_a_concurrency_keys_freed_slot_is_not_spent_on_a_job_waiting_for_its_rate(make_backend, autojump_clock) -> None:
+    """Concurrency key c's best waiting job also waits for its rate (key r, over its rate), the
+    next one only for c's slot: when c's running job ends, the freed slot goes to the second
+    (within the claims that follow, with no rescue pass), and the first starts at r's slot."""
+    async with opened(make_backend) as backend:
+        first, waits, runs, behind = [
+            r.id
+            for r in await backend.insert_many(
+                [rated("r", 1, 60.0), rated("r", 1, 60.0, ckey="c"), rated(None, ckey="c"), rated(None, ckey="c")]
+            )
+        ]
+        t0 = backend.now()
+        started = []
+        for _ in range(2):  # the second claim parks what the first refused (the rate's record was new)
+            started += (await backend.claim(Q, 10)).jobs
+        running = {j.id: j for j in started}
+        await backend.finish_many([Outcome(runs, running[runs].attempt, OutcomeKind.COMPLETED)])
+        freed = []
+        for _ in range(2):
+            freed += (await backend.claim(Q, 10)).jobs
+        await backend.finish_many([Outcome(j.id, j.attempt, OutcomeKind.COMPLETED) for j in freed])
+        early, due = await claim_ids(backend)
+        await trio.sleep_until(t0 + 60)
+        late, _ = await claim_ids(backend)
+    assert sorted(running) == [first, runs]
+    assert [j.id for j in freed] == [behind]
+    assert early == [] and due == t0 + 60
+    assert late == [waits]

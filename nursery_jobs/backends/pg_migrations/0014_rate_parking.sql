@@ -47,11 +47,16 @@ CREATE TABLE {schema}.rate_wakes (
 -- Park the jobs p_ids (passed over by a claim of p_queue for their rate, as its snapshot saw
 -- it) that are still due, unparked and over their rate under their keys' locks, or whose key's
 -- wake time in the queue has come (their turn comes with the parked ones); the keys' wake times
--- kept at the earliest slot. Returns the earliest wake time it armed (NULL: it parked none).
+-- kept at the earliest slot. A parked job with a concurrency key may have been the one its
+-- key's freed slot brought back: that key's best parked job takes its place, one per job
+-- (`unparks`; bringing a job back is always safe). Returns the earliest wake time it armed
+-- (NULL: it parked none).
 CREATE FUNCTION {schema}.rate_park(p_ids bigint[], p_queue text, p_now double precision)
 RETURNS double precision LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     w double precision;
+    ck text[];
+    n integer[];
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'nursery_jobs claims need READ COMMITTED, not %', current_setting('transaction_isolation');
@@ -68,14 +73,21 @@ BEGIN
     ), p AS (
         UPDATE {schema}.jobs j SET state = 'available', parked = true, rate_wait = true
         FROM c WHERE j.id = c.id AND (c.slot IS NOT NULL OR c.waits)
-        RETURNING c.rate_key, coalesce(c.slot, p_now) AS slot
+        RETURNING c.rate_key, coalesce(c.slot, p_now) AS slot, j.concurrency_key
     ), a AS (
         INSERT INTO {schema}.rate_wakes AS r (queue, key, wake)
         SELECT p_queue, p.rate_key, min(p.slot) FROM p GROUP BY p.rate_key
         ON CONFLICT (queue, key) DO UPDATE SET wake = least(r.wake, EXCLUDED.wake)
         RETURNING r.wake
+    ), b AS (
+        SELECT p.concurrency_key AS k, count(*)::integer AS n FROM p WHERE p.concurrency_key IS NOT NULL
+        GROUP BY p.concurrency_key
     )
-    SELECT min(a.wake) INTO w FROM a;
+    SELECT (SELECT min(a.wake) FROM a), (SELECT array_agg(b.k ORDER BY b.k) FROM b), (SELECT array_agg(b.n ORDER BY b.k) FROM b)
+        INTO w, ck, n;
+    IF ck IS NOT NULL THEN
+        PERFORM {schema}.unpark_keys(ck, n);
+    END IF;
     RETURN w;
 END
 $$;
