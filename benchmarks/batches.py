@@ -32,23 +32,20 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import attrs
-import psycopg
 import trio
-from psycopg import sql
 
 import nursery_jobs as nj
-from nursery_jobs.backends import NewJob
 
 try:  # imported as `benchmarks.batches`
-    from .pg_common import PgUnavailable, backend_url, fresh_schema, render_table, throwaway_database
+    from .per_backend import JOB_COLUMNS, add_backend_options, backlog, measure_each_backend, sizes_from
+    from .pg_common import PgUnavailable, render_table
 except ImportError:  # run as a script: benchmarks/ is sys.path[0]
-    from pg_common import PgUnavailable, backend_url, fresh_schema, render_table, throwaway_database  # type: ignore[no-redef]
+    from per_backend import JOB_COLUMNS, add_backend_options, backlog, measure_each_backend, sizes_from  # type: ignore[no-redef]
+    from pg_common import PgUnavailable, render_table  # type: ignore[no-redef]
 
 QUEUE = "bench"
 SCHEMA = "batches"
@@ -123,40 +120,10 @@ def build_app(workers: int, batch: int | None, work_ms: float, box: Box) -> nj.A
 # -- filling --
 
 
-def pg_fill(url: str, n: int) -> None:
-    fresh_schema(url, SCHEMA)
-    t = sql.SQL("{}.jobs").format(sql.Identifier(SCHEMA))
+def backlog_rows(n: int) -> list[tuple[Any, ...]]:
+    """`n` due `work` jobs, oldest first (the columns are JOB_COLUMNS)."""
     now = time.time() - 60
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL(
-                "INSERT INTO {} (kind, queue, args, state, max_attempts, priority, run_at, created_at)"
-                " SELECT 'work', %s, '{{}}', 'available', 25, 0, %s + g * 1e-6, %s FROM generate_series(1, %s) g"
-            ).format(t),
-            (QUEUE, now, now, n),
-        )
-        conn.execute(sql.SQL("VACUUM ANALYZE {}").format(t))
-
-
-def sqlite_fill(path: str, n: int) -> None:
-    import sqlite3
-
-    for suffix in ("", "-wal", "-shm"):
-        Path(path + suffix).unlink(missing_ok=True)
-    nj.run(_nothing, app=nj.App(), backend=f"sqlite:///{path}", queues=[])  # creates the schema
-    now = time.time() - 60
-    with sqlite3.connect(path) as conn:
-        conn.executemany(
-            "INSERT INTO nj_jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at)"
-            " VALUES ('work', ?, '{}', 'available', 25, 0, ?, ?)",
-            [(QUEUE, now + g * 1e-6, now) for g in range(1, n + 1)],
-        )
-        conn.execute("ANALYZE")
-    conn.close()
-
-
-async def _nothing(rt: nj.Runtime) -> None:
-    return None
+    return [("work", QUEUE, "{}", "available", 25, 0, now + g * 1e-6, now) for g in range(1, n + 1)]
 
 
 # -- one drain --
@@ -166,16 +133,7 @@ def drain(backend: str, target: str, s: Sizes, batch: int | None, work_ms: float
     """(jobs per second, handler calls) for one freshly filled backlog."""
     box = Box(s.single_measured if batch is None else s.measured)
     app = build_app(s.workers, batch, work_ms, box)
-    if backend == "postgres":
-        pg_fill(target, s.jobs)
-        where: Any = backend_url(target, SCHEMA)
-    elif backend == "sqlite":
-        sqlite_fill(target, s.jobs)
-        where = f"sqlite:///{target}"
-    else:
-        memory = nj.MemoryBackend()
-        nj.run(lambda rt: memory.insert_many([NewJob("work", QUEUE, "{}", 0, None, 25)] * s.jobs), app=nj.App(), backend=memory, queues=[])
-        where = memory
+    where = backlog(backend, target, SCHEMA, JOB_COLUMNS, backlog_rows(s.jobs))
 
     async def main(rt: nj.Runtime) -> tuple[float, int]:
         with trio.fail_after(600):
@@ -219,29 +177,15 @@ def measure(backend: str, target: str, s: Sizes, log: Callable[[str], None]) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: only proves the script runs")
-    parser.add_argument("--backends", default=None, help="comma-separated subset of postgres,sqlite,memory")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds per side (default 2)")
-    args = parser.parse_args(argv)
-    s = QUICK if args.quick else Sizes()
-    if args.backends:
-        s = attrs.evolve(s, backends=tuple(b.strip() for b in args.backends.split(",")))
-    if args.rounds:
-        s = attrs.evolve(s, rounds=args.rounds)
+    add_backend_options(parser, "rounds per side (default 2)")
+    s = sizes_from(parser.parse_args(argv), Sizes(), QUICK)
     print(
         f"batch handlers: {s.jobs:,} jobs pre-filled, {s.workers} workers, batch sizes {s.batch_sizes}, "
         f"work {s.work_ms} ms per call, {s.rounds} round(s); load before: {os.getloadavg()[0]:.2f}"
     )
-    rows: list[list[str]] = []
     started = time.perf_counter()
     try:
-        for backend in s.backends:
-            if backend == "postgres":
-                with throwaway_database("batches") as url:
-                    rows += measure(backend, url, s, print)
-            else:
-                with tempfile.TemporaryDirectory() as folder:
-                    rows += measure(backend, str(Path(folder) / "jobs.db"), s, print)
+        rows = measure_each_backend(s.backends, "batches", lambda backend, target: measure(backend, target, s, print))
     except PgUnavailable as exc:
         print(exc, file=sys.stderr)
         return 2

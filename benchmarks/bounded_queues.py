@@ -30,7 +30,6 @@ tests.
 from __future__ import annotations
 
 import argparse
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -39,16 +38,15 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import attrs
-import psycopg
-import trio
-from psycopg import sql
 
 import nursery_jobs as nj
 
 try:  # imported as `benchmarks.bounded_queues`
-    from .pg_common import PgUnavailable, backend_url, fresh_schema, render_table, throwaway_database
+    from .per_backend import JOB_COLUMNS, backlog
+    from .pg_common import PgUnavailable, backend_url, render_table, throwaway_database
 except ImportError:  # run as a script: benchmarks/ is sys.path[0]
-    from pg_common import PgUnavailable, backend_url, fresh_schema, render_table, throwaway_database  # type: ignore[no-redef]
+    from per_backend import JOB_COLUMNS, backlog  # type: ignore[no-redef]
+    from pg_common import PgUnavailable, backend_url, render_table, throwaway_database  # type: ignore[no-redef]
 
 SCHEMA = "nj_bench_bounded"
 SIDES = ("free, no bound in the app", "free", "bounded")
@@ -81,46 +79,20 @@ def build_app(max_length: int) -> tuple[nj.App, nj.JobKind[Any, Any], nj.JobKind
     return app, into_bounded, into_free
 
 
+FILL_COLUMNS = (*JOB_COLUMNS, "finalized_at")
+
+
 def fill_rows(final_rows: int, pending: int, now: float) -> list[tuple[Any, ...]]:
-    rows = [("filler", "filler", "{}", "completed", 25, 0, now, now) for _ in range(final_rows)]
+    rows = [("filler", "filler", "{}", "completed", 25, 0, now, now, now) for _ in range(final_rows)]
     for queue, kind in (("bounded", "into_bounded"), ("free", "into_free")):
-        rows += [(kind, queue, '{"n": 0}', "available", 25, 0, now, now) for _ in range(pending)]
+        rows += [(kind, queue, '{"n": 0}', "available", 25, 0, now, now, None) for _ in range(pending)]
     return rows
 
 
-def pg_fill(url: str, final_rows: int, pending: int) -> None:
-    fresh_schema(url, SCHEMA)
-    now = time.time()
-    insert = sql.SQL(
-        "INSERT INTO {}.jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at, finalized_at)"
-        " SELECT %s, %s, %s, %s, 25, 0, %s, %s, %s FROM generate_series(1, %s)"
-    ).format(sql.Identifier(SCHEMA))
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(insert, ("filler", "filler", "{}", "completed", now, now, now, final_rows))
-        for queue, kind in (("bounded", "into_bounded"), ("free", "into_free")):
-            conn.execute(insert, (kind, queue, '{"n": 0}', "available", now, now, None, pending))
-        conn.execute(sql.SQL("VACUUM ANALYZE {}.jobs").format(sql.Identifier(SCHEMA)))
-
-
-async def _nothing(rt: nj.Runtime) -> None:
-    return None
-
-
-def sqlite_fill(path: str, final_rows: int, pending: int) -> None:
-    for suffix in ("", "-wal", "-shm"):
-        Path(path + suffix).unlink(missing_ok=True)
-    nj.run(_nothing, app=nj.App(), backend=f"sqlite:///{path}", queues=[])  # creates the schema
-    conn = sqlite3.connect(path)
-    try:
-        with conn:
-            conn.executemany(
-                "INSERT INTO nj_jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                fill_rows(final_rows, pending, time.time()),
-            )
-        conn.execute("ANALYZE")
-    finally:
-        conn.close()
+def fill(backend: str, target: str, final_rows: int, pending: int) -> None:
+    """The durable store at `target` holds `final_rows` completed jobs and `pending` due ones
+    in each of the queues "bounded" and "free"."""
+    backlog(backend, target, SCHEMA, FILL_COLUMNS, fill_rows(final_rows, pending, time.time()))
 
 
 async def memory_fill(rt: nj.Runtime, kinds: Sequence[nj.JobKind[Any, Any]], pending: int) -> None:
@@ -191,11 +163,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             path = str(Path(tmp) / "bounded.db")
             rows += rows_for(
-                "sqlite", f"sqlite:///{path}", s, lambda n: lambda: sqlite_fill(path, s.final_rows, n - s.per_side - 1), log
+                "sqlite", f"sqlite:///{path}", s, lambda n: lambda: fill("sqlite", path, s.final_rows, n - s.per_side - 1), log
             )
         with throwaway_database("bounded") as url:
             rows += rows_for(
-                "postgres", backend_url(url, SCHEMA), s, lambda n: lambda: pg_fill(url, s.final_rows, n - s.per_side - 1), log
+                "postgres", backend_url(url, SCHEMA), s, lambda n: lambda: fill("postgres", url, s.final_rows, n - s.per_side - 1), log
             )
     except PgUnavailable as exc:
         print(exc, file=sys.stderr)

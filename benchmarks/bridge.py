@@ -52,9 +52,9 @@ import psycopg  # noqa: E402
 from psycopg import sql  # noqa: E402
 
 try:
-    from .pg_common import PgUnavailable, fresh_schema, render_table, throwaway_database, truncate
+    from .pg_common import PgUnavailable, fresh_schema, load_average, render_table, throwaway_database, truncate
 except ImportError:
-    from pg_common import PgUnavailable, fresh_schema, render_table, throwaway_database, truncate  # type: ignore[no-redef]
+    from pg_common import PgUnavailable, fresh_schema, load_average, render_table, throwaway_database, truncate  # type: ignore[no-redef]
 
 __all__ = ["Figures", "Sizes", "main"]
 
@@ -238,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(f"nursery_jobs bridge benchmark: {sizes}")
     print(f"python {sys.version.split()[0]}, psycopg {psycopg.__version__} ({psycopg.pq.__impl__})")
-    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
+    print(f"load average at start: {load_average()} ({os.cpu_count()} CPUs)")
     started = time.monotonic()
     try:
         with throwaway_database("bridge") as db:
@@ -254,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print()
     print(table(figures))
-    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average at end: {load_average()}")
     print(f"\n({time.monotonic() - started:.1f} s{'; --quick: sizes too small for the figures to mean anything' if args.quick else ''})")
     failed = [k for k, v in figures.verdicts().items() if not v]
     if failed:

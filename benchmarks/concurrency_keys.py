@@ -41,23 +41,20 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import attrs
-import psycopg
 import trio
-from psycopg import sql
 
 import nursery_jobs as nj
-from nursery_jobs.backends import NewJob
 
 try:  # imported as `benchmarks.concurrency_keys`
-    from .pg_common import PgUnavailable, backend_url, fresh_schema, percentile, render_table, throwaway_database
+    from .per_backend import JOB_COLUMNS, add_backend_options, backlog, fresh_store, measure_each_backend, sizes_from
+    from .pg_common import PgUnavailable, percentile, render_table, throwaway_database
 except ImportError:  # run as a script: benchmarks/ is sys.path[0]
-    from pg_common import PgUnavailable, backend_url, fresh_schema, percentile, render_table, throwaway_database  # type: ignore[no-redef]
+    from per_backend import JOB_COLUMNS, add_backend_options, backlog, fresh_store, measure_each_backend, sizes_from  # type: ignore[no-redef]
+    from pg_common import PgUnavailable, percentile, render_table, throwaway_database  # type: ignore[no-redef]
 
 QUEUE = "bench"
 SCHEMA = "keyed"
@@ -138,62 +135,17 @@ def build_app(workers: int, box: list[Box]) -> nj.App:
 # -- filling --
 
 
-def pg_fill(url: str, n: int, keys: int | None) -> None:
-    fresh_schema(url, SCHEMA)
-    t = sql.SQL("{}.jobs").format(sql.Identifier(SCHEMA))
+KEY_COLUMNS = (*JOB_COLUMNS, "concurrency_key", "max_concurrent")
+
+
+def table_rows(n: int, keys: int | None) -> list[tuple[Any, ...]]:
+    """`n` due jobs as rows of the jobs table (KEY_COLUMNS): `plain` ones with no key, or
+    `keyed` ones, job g with the key ``k<g % keys>`` at a limit of 1."""
     now = time.time() - 60
-    with psycopg.connect(url, autocommit=True) as conn:
-        if keys is None:
-            conn.execute(
-                sql.SQL(
-                    "INSERT INTO {} (kind, queue, args, state, max_attempts, priority, run_at, created_at)"
-                    " SELECT 'plain', %s, '{{}}', 'available', 25, 0, %s + g * 1e-6, %s FROM generate_series(1, %s) g"
-                ).format(t),
-                (QUEUE, now, now, n),
-            )
-        else:
-            conn.execute(
-                sql.SQL(
-                    "INSERT INTO {} (kind, queue, args, state, max_attempts, priority, run_at, created_at,"
-                    " concurrency_key, max_concurrent)"
-                    " SELECT 'keyed', %s, '{{\"key\": \"k' || (g %% %s) || '\"}}', 'available', 25, 0, %s + g * 1e-6, %s,"
-                    "  'k' || (g %% %s), 1 FROM generate_series(1, %s) g"
-                ).format(t),
-                (QUEUE, keys, now, now, keys, n),
-            )
-        conn.execute(sql.SQL("VACUUM ANALYZE {}").format(t))
-
-
-def sqlite_fill(path: str, n: int, keys: int | None) -> None:
-    import sqlite3
-
-    for suffix in ("", "-wal", "-shm"):
-        Path(path + suffix).unlink(missing_ok=True)
-    nj.run(_nothing, app=nj.App(), backend=f"sqlite:///{path}", queues=[])  # creates the schema
-    now = time.time() - 60
-    with sqlite3.connect(path) as conn:
-        rows = [
-            ("keyed" if keys is not None else "plain", QUEUE, '{"key": "k%d"}' % (g % keys) if keys is not None else "{}",
-             "available", 25, 0, now + g * 1e-6, now, None if keys is None else f"k{g % keys}", None if keys is None else 1)
-            for g in range(1, n + 1)
-        ]  # fmt: skip
-        conn.executemany(
-            "INSERT INTO nj_jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at,"
-            " concurrency_key, max_concurrent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            rows,
-        )
-        conn.execute("ANALYZE")
-    conn.close()
-
-
-async def _nothing(rt: nj.Runtime) -> None:
-    return None
-
-
-def memory_jobs(n: int, keys: int | None) -> list[NewJob]:
     if keys is None:
-        return [NewJob("plain", QUEUE, "{}", 0, None, 25) for _ in range(n)]
-    return [NewJob("keyed", QUEUE, '{"key": "k%d"}' % (g % keys), 0, None, 25, None, f"k{g % keys}", 1) for g in range(1, n + 1)]
+        return [("plain", QUEUE, "{}", "available", 25, 0, now + g * 1e-6, now, None, None) for g in range(1, n + 1)]
+    return [("keyed", QUEUE, '{"key": "k%d"}' % (g % keys), "available", 25, 0, now + g * 1e-6, now, f"k{g % keys}", 1)
+            for g in range(1, n + 1)]  # fmt: skip
 
 
 # -- one drain --
@@ -204,19 +156,7 @@ def drain(backend: str, target: str, s: Sizes, keys: int | None) -> tuple[float,
     measured = s.serial_measured if keys == 1 else s.measured
     box = [Box(measured)]
     app = build_app(s.workers, box)
-    memory: nj.MemoryBackend | None = None
-    if backend == "postgres":
-        pg_fill(target, s.jobs, keys)
-        where: Any = backend_url(target, SCHEMA)
-    elif backend == "sqlite":
-        sqlite_fill(target, s.jobs, keys)
-        where = f"sqlite:///{target}"
-    else:
-        memory = nj.MemoryBackend()
-        where = memory
-
-    if memory is not None:
-        nj.run(lambda rt: memory.insert_many(memory_jobs(s.jobs, keys)), app=nj.App(), backend=memory, queues=[])
+    where = backlog(backend, target, SCHEMA, KEY_COLUMNS, table_rows(s.jobs, keys))
 
     async def main(rt: nj.Runtime) -> None:
         with trio.fail_after(600):
@@ -231,15 +171,7 @@ def latency(backend: str, target: str, s: Sizes, keyed: bool) -> list[float]:
     """Enqueue -> handler start, seconds, on an idle queue; keyed: a new key each time."""
     box = [Box(0)]
     app = build_app(s.workers, box)
-    if backend == "postgres":
-        fresh_schema(target, SCHEMA)
-        where: Any = backend_url(target, SCHEMA)
-    elif backend == "sqlite":
-        for suffix in ("", "-wal", "-shm"):
-            Path(target + suffix).unlink(missing_ok=True)
-        where = f"sqlite:///{target}"
-    else:
-        where = "memory://"
+    where = fresh_store(backend, target, SCHEMA)
 
     async def main(rt: nj.Runtime) -> list[float]:
         out: list[float] = []
@@ -268,17 +200,7 @@ def latency_behind_busy_key(backend: str, target: str, s: Sizes) -> tuple[list[f
     box = [Box(0)]
     box[0].hold = s.busy_hold
     app = build_app(s.workers, box)
-    memory: nj.MemoryBackend | None = None
-    if backend == "postgres":
-        pg_fill(target, s.jobs, 1)
-        where: Any = backend_url(target, SCHEMA)
-    elif backend == "sqlite":
-        sqlite_fill(target, s.jobs, 1)
-        where = f"sqlite:///{target}"
-    else:
-        memory = nj.MemoryBackend()
-        where = memory
-        nj.run(lambda rt: memory.insert_many(memory_jobs(s.jobs, 1)), app=nj.App(), backend=memory, queues=[])
+    where = backlog(backend, target, SCHEMA, KEY_COLUMNS, table_rows(s.jobs, 1))
 
     async def main(rt: nj.Runtime) -> tuple[list[float], list[float], int]:
         keyed: list[float] = []
@@ -329,7 +251,7 @@ def claim_cost(url: str) -> dict[str, tuple[float, float]]:
     out = {}
     for name, jobs, keys, n, warm in (("unkeyed", 20_000, None, 300, 0), ("1 key, 20,000 waiting", 20_000, 1, 150, 20),
                                       ("1 key, 200 waiting", 200, 1, 150, 20)):  # fmt: skip
-        pg_fill(url, jobs, keys)
+        backlog("postgres", url, SCHEMA, KEY_COLUMNS, table_rows(jobs, keys))
         out[name] = loop(n, warm)
     return out
 
@@ -374,10 +296,8 @@ def measure(backend: str, target: str, s: Sizes, log: Callable[[str], None]) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: only proves the script runs")
-    parser.add_argument("--backends", default=None, help="comma-separated subset of postgres,sqlite,memory")
+    add_backend_options(parser, "rounds per number of keys (default 2)")
     parser.add_argument("--keys", default=None, help="comma-separated numbers of distinct keys (default 1,10,1000,100000)")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds per number of keys (default 2)")
     parser.add_argument("--claim-cost", action="store_true", help="only the claim and outcome cost, one call at a time (PostgreSQL)")
     args = parser.parse_args(argv)
     if args.claim_cost:
@@ -389,24 +309,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(exc, file=sys.stderr)
             return 2
         return 0
-    s = QUICK if args.quick else Sizes()
-    if args.backends:
-        s = attrs.evolve(s, backends=tuple(b.strip() for b in args.backends.split(",")))
+    s = sizes_from(args, Sizes(), QUICK)
     if args.keys:
         s = attrs.evolve(s, keys=tuple(int(k) for k in args.keys.split(",")))
-    if args.rounds:
-        s = attrs.evolve(s, rounds=args.rounds)
     print(f"per-key concurrency: {s.jobs:,} jobs pre-filled, {s.workers} workers, keys {s.keys}, {s.rounds} round(s)")
-    rows: list[list[str]] = []
     started = time.perf_counter()
     try:
-        for backend in s.backends:
-            if backend == "postgres":
-                with throwaway_database("keyed") as url:
-                    rows += measure(backend, url, s, print)
-            else:
-                with tempfile.TemporaryDirectory() as folder:
-                    rows += measure(backend, str(Path(folder) / "jobs.db"), s, print)
+        rows = measure_each_backend(s.backends, "keyed", lambda backend, target: measure(backend, target, s, print))
     except PgUnavailable as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -48,8 +48,10 @@ import nursery_jobs as nj
 from nursery_jobs.infra.owner import open_owner
 
 try:  # imported as `benchmarks.outbox_relay`
+    from .per_backend import JOB_COLUMNS, backlog
     from .pg_common import PgUnavailable, backend_url, fresh_schema, percentile, render_table, throwaway_database
 except ImportError:  # run as a script: benchmarks/ is sys.path[0]
+    from per_backend import JOB_COLUMNS, backlog  # type: ignore[no-redef]
     from pg_common import PgUnavailable, backend_url, fresh_schema, percentile, render_table, throwaway_database  # type: ignore[no-redef]
 
 SCHEMA = "relay"
@@ -90,41 +92,10 @@ def build_app(finished: dict[int, float]) -> nj.App:
 # -- relay --
 
 
-def pg_fill(url: str, n: int) -> None:
-    fresh_schema(url, SCHEMA)
+def filler_rows(n: int) -> list[tuple[Any, ...]]:
+    """`n` due jobs of a queue nobody works (JOB_COLUMNS)."""
     now = time.time()
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL(
-                "INSERT INTO {}.jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at)"
-                " SELECT 'filler', 'filler', '{{}}', 'available', 25, 0, %s, %s FROM generate_series(1, %s)"
-            ).format(sql.Identifier(SCHEMA)),
-            (now, now, n),
-        )
-        conn.execute(sql.SQL("VACUUM ANALYZE {}.jobs").format(sql.Identifier(SCHEMA)))
-        conn.execute(sql.SQL("VACUUM ANALYZE {}.outbox").format(sql.Identifier(SCHEMA)))
-
-
-async def _nothing(rt: nj.Runtime) -> None:
-    return None
-
-
-def sqlite_fill(path: str, n: int) -> None:
-    for suffix in ("", "-wal", "-shm"):
-        Path(path + suffix).unlink(missing_ok=True)
-    nj.run(_nothing, app=nj.App(), backend=f"sqlite:///{path}", queues=[])  # creates the schema
-    now = time.time()
-    conn = sqlite3.connect(path)
-    try:
-        with conn:
-            conn.executemany(
-                "INSERT INTO nj_jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at)"
-                " VALUES ('filler', 'filler', '{}', 'available', 25, 0, ?, ?)",
-                [(now, now)] * n,
-            )
-        conn.execute("ANALYZE")
-    finally:
-        conn.close()
+    return [("filler", "filler", "{}", "available", 25, 0, now, now)] * n
 
 
 def one_side(backend: str, target: str, s: Sizes, side: str) -> tuple[float, float]:
@@ -134,9 +105,8 @@ def one_side(backend: str, target: str, s: Sizes, side: str) -> tuple[float, flo
     start until the outbox is empty)."""
     app = build_app({})
     on_event = app.kind("on_event")
+    where = backlog(backend, target, SCHEMA, JOB_COLUMNS, filler_rows(s.prefill), analyze=("outbox",))
     if backend == "postgres":
-        pg_fill(target, s.prefill)
-        where = backend_url(target, SCHEMA)
 
         def pending() -> bool:
             with psycopg.connect(target, autocommit=True) as conn:
@@ -150,8 +120,6 @@ def one_side(backend: str, target: str, s: Sizes, side: str) -> tuple[float, flo
                 ).fetchone()
             return int(row[0]) if row else 0
     else:
-        sqlite_fill(target, s.prefill)
-        where = f"sqlite:///{target}"
 
         def _one(query: str) -> Any:
             conn = sqlite3.connect(target, timeout=30)

@@ -19,9 +19,9 @@ import psycopg
 from psycopg import sql
 
 try:  # the shared report helpers, re-exported for the PostgreSQL scripts
-    from .report import median_ratio, percentile, render_table
+    from .report import load_average, median_ratio, percentile, render_table
 except ImportError:  # run as a script: benchmarks/ is sys.path[0]
-    from report import median_ratio, percentile, render_table  # type: ignore[no-redef]
+    from report import load_average, median_ratio, percentile, render_table  # type: ignore[no-redef]
 
 __all__ = [
     "ADMIN_URL",
@@ -29,6 +29,7 @@ __all__ = [
     "PgUnavailable",
     "backend_url",
     "fresh_schema",
+    "load_average",
     "median_ratio",
     "percentile",
     "render_table",

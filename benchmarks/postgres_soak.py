@@ -335,7 +335,7 @@ def judge(samples: list[Sample], through: int, opts: Options) -> bool:
     ]
     print(f"\nstart = median of {len(head)} samples in t={head[0].t:.0f}..{head[-1].t:.0f} s; "
           f"end = median of {len(tail)} samples in t={tail[0].t:.0f}..{tail[-1].t:.0f} s")  # fmt: skip
-    print(f"| measure | start | end | end / start | max over the run |\n|---|---|---|---|---|")
+    print("| measure | start | end | end / start | max over the run |\n|---|---|---|---|---|")
     for label, field, fmt in rows:
         a, b = med(head, field), med(tail, field)
         peak = max(getattr(s, field) for s in samples[1:])

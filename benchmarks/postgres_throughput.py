@@ -60,7 +60,7 @@ try:  # imported as `benchmarks.postgres_throughput`
     from .durable_side import (
         QUEUE, Tally, add_bench_kinds, add_process_kinds, idle_latency, run_app, serve_worker, worker_processes,
     )
-    from .report import conclude
+    from .report import conclude, load_average
     from .pg_common import (
         PgUnavailable,
         ServerCpu,
@@ -76,7 +76,7 @@ except ImportError:  # run as a script: benchmarks/ is sys.path[0]
     from durable_side import (  # type: ignore[no-redef]
         QUEUE, Tally, add_bench_kinds, add_process_kinds, idle_latency, run_app, serve_worker, worker_processes,
     )
-    from report import conclude  # type: ignore[no-redef]
+    from report import conclude, load_average  # type: ignore[no-redef]
     from pg_common import (  # type: ignore[no-redef]
         PgUnavailable,
         ServerCpu,
@@ -558,7 +558,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"python {sys.version.split()[0]}, trio {trio.__version__}, psycopg {psycopg.__version__} "
         f"({psycopg.pq.__impl__}), nursery_jobs {nj.__version__}"
     )
-    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
+    print(f"load average at start: {load_average()} ({os.cpu_count()} CPUs)")
     started = time.monotonic()
     try:
         with throwaway_database("pg") as db:

@@ -40,9 +40,7 @@ import argparse
 import gc
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import attrs
@@ -51,12 +49,13 @@ import trio
 from psycopg import sql
 
 import nursery_jobs as nj
-from nursery_jobs.backends import NewJob
 
 try:  # imported as `benchmarks.rate_limits`
-    from .pg_common import PgUnavailable, backend_url, fresh_schema, percentile, render_table, throwaway_database
+    from .per_backend import JOB_COLUMNS, add_backend_options, backlog, measure_each_backend, sizes_from
+    from .pg_common import PgUnavailable, percentile, render_table
 except ImportError:  # run as a script: benchmarks/ is sys.path[0]
-    from pg_common import PgUnavailable, backend_url, fresh_schema, percentile, render_table, throwaway_database  # type: ignore[no-redef]
+    from per_backend import JOB_COLUMNS, add_backend_options, backlog, measure_each_backend, sizes_from  # type: ignore[no-redef]
+    from pg_common import PgUnavailable, percentile, render_table  # type: ignore[no-redef]
 
 QUEUE = "bench"
 SCHEMA = "rated"
@@ -149,51 +148,14 @@ def fill_rows(s: Sizes, *, accuracy: bool, keyed: bool) -> list[tuple[str, str |
     return [("rated", f"r{g % s.throughput_keys}", s.throughput_rate, 1.0) for g in range(s.jobs)]
 
 
-def pg_fill(url: str, rows: list[tuple[str, str | None, int | None, float | None]]) -> None:
-    fresh_schema(url, SCHEMA)
-    t = sql.SQL("{}.jobs").format(sql.Identifier(SCHEMA))
+RATE_COLUMNS = (*JOB_COLUMNS, "rate_key", "rate_limit", "rate_per")
+
+
+def table_rows(rows: list[tuple[str, str | None, int | None, float | None]]) -> list[tuple[Any, ...]]:
+    """`rows` as rows of the jobs table (RATE_COLUMNS), due in their order."""
     now = time.time() - 60
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL(
-                "INSERT INTO {} (kind, queue, args, state, max_attempts, priority, run_at, created_at,"
-                " rate_key, rate_limit, rate_per)"
-                " SELECT k, %s, CASE WHEN rk IS NULL THEN '{{}}' ELSE '{{\"key\": \"' || rk || '\"}}' END, 'available', 25, 0,"
-                "  %s + o * 1e-6, %s, rk, rl, rp"
-                " FROM unnest(%s::text[], %s::text[], %s::int[], %s::float8[]) WITH ORDINALITY AS u(k, rk, rl, rp, o)"
-            ).format(t),
-            (QUEUE, now, now, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]),
-        )
-        conn.execute(sql.SQL("VACUUM ANALYZE {}").format(t))
-
-
-def sqlite_fill(path: str, rows: list[tuple[str, str | None, int | None, float | None]]) -> None:
-    import sqlite3
-
-    for suffix in ("", "-wal", "-shm"):
-        Path(path + suffix).unlink(missing_ok=True)
-    nj.run(_nothing, app=nj.App(), backend=f"sqlite:///{path}", queues=[])  # creates the schema
-    now = time.time() - 60
-    with sqlite3.connect(path) as conn:
-        conn.executemany(
-            "INSERT INTO nj_jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at,"
-            " rate_key, rate_limit, rate_per) VALUES (?, ?, ?, 'available', 25, 0, ?, ?, ?, ?, ?)",
-            [(k, QUEUE, "{}" if rk is None else '{"key": "%s"}' % rk, now + o * 1e-6, now, rk, rl, rp)
-             for o, (k, rk, rl, rp) in enumerate(rows)],
-        )  # fmt: skip
-        conn.execute("ANALYZE")
-    conn.close()
-
-
-async def _nothing(rt: nj.Runtime) -> None:
-    return None
-
-
-def memory_jobs(rows: list[tuple[str, str | None, int | None, float | None]]) -> list[NewJob]:
-    return [
-        NewJob(k, QUEUE, "{}" if rk is None else '{"key": "%s"}' % rk, 0, None, 25, None, None, None, rk, rl, rp)
-        for k, rk, rl, rp in rows
-    ]
+    return [(k, QUEUE, "{}" if rk is None else '{"key": "%s"}' % rk, "available", 25, 0, now + o * 1e-6, now, rk, rl, rp)
+            for o, (k, rk, rl, rp) in enumerate(rows, start=1)]  # fmt: skip
 
 
 # -- one drain --
@@ -207,17 +169,8 @@ def drain(backend: str, target: str, s: Sizes, *, accuracy: bool, keyed: bool) -
     target_count = s.keys * s.per_key if accuracy else s.measured
     box = [Box(target_count, "rated" if accuracy else None)]
     app = build_app(s.workers, box, s)
-    memory: nj.MemoryBackend | None = None
-    if backend == "postgres":
-        pg_fill(target, rows)
-        where: Any = backend_url(target, SCHEMA)
-    elif backend == "sqlite":
-        sqlite_fill(target, rows)
-        where = f"sqlite:///{target}"
-    else:
-        memory = nj.MemoryBackend()
-        where = memory
-        nj.run(lambda rt: memory.insert_many(memory_jobs(rows)), app=nj.App(), backend=memory, queues=[])
+    where = backlog(backend, target, SCHEMA, RATE_COLUMNS, table_rows(rows))
+    memory = where if isinstance(where, nj.MemoryBackend) else None
 
     async def main(rt: nj.Runtime) -> dict[str, list[float]]:
         with trio.fail_after(600):
@@ -288,24 +241,14 @@ def behind_rows(s: Sizes, *, backlog: bool, plain: int) -> list[tuple[str, str |
     return [*slow, *(("plain", None, None, None) for _ in range(plain))]
 
 
-def behind(backend: str, target: str, s: Sizes, *, backlog: bool) -> tuple[list[float], list[float], float]:
+def behind(backend: str, target: str, s: Sizes, *, with_backlog: bool) -> tuple[list[float], list[float], float]:
     """(enqueue -> start of the rate-keyed probes, of the unlimited probes, seconds; unlimited
     jobs per second drained behind the backlog), with or without the slow key's backlog."""
     gc.collect()
     box = [Box(s.behind_jobs, "plain")]
     app = build_app(s.workers, box, s)
-    memory: nj.MemoryBackend | None = None
-    rows = behind_rows(s, backlog=backlog, plain=s.behind_jobs)
-    if backend == "postgres":
-        pg_fill(target, rows)
-        where: Any = backend_url(target, SCHEMA)
-    elif backend == "sqlite":
-        sqlite_fill(target, rows)
-        where = f"sqlite:///{target}"
-    else:
-        memory = nj.MemoryBackend()
-        where = memory
-        nj.run(lambda rt: memory.insert_many(memory_jobs(rows)), app=nj.App(), backend=memory, queues=[])
+    rows = behind_rows(s, backlog=with_backlog, plain=s.behind_jobs)
+    where = backlog(backend, target, SCHEMA, RATE_COLUMNS, table_rows(rows))
 
     async def main(rt: nj.Runtime) -> tuple[list[float], list[float], float]:
         b = box[0]
@@ -338,7 +281,7 @@ def measure_behind(backend: str, target: str, s: Sizes, log: Callable[[str], Non
     got: dict[bool, list[tuple[list[float], list[float], float]]] = {False: [], True: []}
     for r in range(s.rounds):
         for side in ((True, False) if r % 2 else (False, True)):  # alternate which runs first
-            got[side].append(behind(backend, target, s, backlog=side))
+            got[side].append(behind(backend, target, s, with_backlog=side))
             k, p, rate = got[side][-1]
             log(f"  {backend} behind round {r + 1} backlog={side}: rated {ms(k)}, plain {ms(p)}, drain {rate:,.0f}/s")
     out: list[list[str]] = []
@@ -387,35 +330,23 @@ def measure(backend: str, target: str, s: Sizes, log: Callable[[str], None]) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: only proves the script runs")
-    parser.add_argument("--backends", default=None, help="comma-separated subset of postgres,sqlite,memory")
-    parser.add_argument("--rounds", type=int, default=None, help="throughput rounds (default 4)")
+    add_backend_options(parser, "throughput rounds (default 4)")
     parser.add_argument("--behind", action="store_true", help="only the runs behind a key over its rate")
     args = parser.parse_args(argv)
-    s = QUICK if args.quick else Sizes()
-    if args.backends:
-        s = attrs.evolve(s, backends=tuple(b.strip() for b in args.backends.split(",")))
-    if args.rounds:
-        s = attrs.evolve(s, rounds=args.rounds)
+    s = sizes_from(args, Sizes(), QUICK)
     print(
         f"rate limits: accuracy {s.keys} keys x {s.per_key} jobs at {s.limit} per {s.per:g} s before {s.unlimited:,}"
         f" unlimited; throughput {s.jobs:,} pre-filled over {s.throughput_keys:,} keys; {s.workers} workers"
     )
-    rows: list[list[str]] = []
-    behind_table: list[list[str]] = []
     started = time.perf_counter()
+    behind_table: list[list[str]] = []
+
+    def both(backend: str, target: str) -> list[list[str]]:
+        behind_table.extend(measure_behind(backend, target, s, print))
+        return [] if args.behind else measure(backend, target, s, print)
+
     try:
-        for backend in s.backends:
-            if backend == "postgres":
-                with throwaway_database("rated") as url:
-                    if not args.behind:
-                        rows += measure(backend, url, s, print)
-                    behind_table += measure_behind(backend, url, s, print)
-            else:
-                with tempfile.TemporaryDirectory() as folder:
-                    if not args.behind:
-                        rows += measure(backend, str(Path(folder) / "jobs.db"), s, print)
-                    behind_table += measure_behind(backend, str(Path(folder) / "jobs.db"), s, print)
+        rows = measure_each_backend(s.backends, "rated", both)
     except PgUnavailable as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Mapping, Sequence
 
-__all__ = ["conclude", "median_ratio", "percentile", "render_table"]
+__all__ = ["conclude", "load_average", "median_ratio", "percentile", "render_table"]
 
 
 def percentile(values: Sequence[float], p: float) -> float:
@@ -32,9 +32,15 @@ def render_table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def load_average() -> str:
+    """The machine's 1, 5 and 15 minute load averages, as the closing and opening lines print
+    them ("0.52 0.61 0.70")."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def conclude(verdicts: Mapping[str, bool], *, started: float, quick: bool, check: bool) -> int:
     """Print the closing lines; the exit status is 1 only with --check and a missed target."""
-    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average at end: {load_average()}")
     note = "; --quick: sizes too small for the figures to mean anything" if quick else ""
     print(f"\n({time.monotonic() - started:.1f} s{note})")
     failed = [name for name, ok in verdicts.items() if not ok]

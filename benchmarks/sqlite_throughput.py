@@ -67,10 +67,10 @@ from nursery_jobs.infra.wake import Wake, WakeRegistry
 
 try:  # imported as `benchmarks.sqlite_throughput`
     from .durable_side import QUEUE, Tally, add_bench_kinds, idle_latency, run_app
-    from .report import conclude, percentile, render_table
+    from .report import conclude, load_average, percentile, render_table
 except ImportError:  # run as a script: benchmarks/ is sys.path[0]
     from durable_side import QUEUE, Tally, add_bench_kinds, idle_latency, run_app  # type: ignore[no-redef]
-    from report import conclude, percentile, render_table  # type: ignore[no-redef]
+    from report import conclude, load_average, percentile, render_table  # type: ignore[no-redef]
 
 __all__ = ["Figures", "Sizes", "main"]
 
@@ -491,7 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(f"nursery_jobs SQLite benchmark: {sizes}, synchronous={args.synchronous}")
     print(f"python {sys.version.split()[0]}, sqlite {sqlite3.sqlite_version}, trio {trio.__version__}, nursery_jobs {nj.__version__}")
-    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
+    print(f"load average at start: {load_average()} ({os.cpu_count()} CPUs)")
     started = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="nj_bench_sqlite_", dir=args.dir)
     try:

@@ -6,7 +6,7 @@ and plain kinds sharing one queue."""
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, AsyncContextManager, Awaitable, Callable, TypedDict
 
 import pytest
 import trio
@@ -42,6 +42,37 @@ class Record:
         return seen
 
 
+class Indexer:
+    """The setup most tests share: an app with one queue (`max_workers` `workers`, the queue's
+    `timeout` `queue_timeout`) and the batch kind `index` on it, with `batch_options`
+    (`max_size`, `max_wait`, the kind's own `timeout`, ...). Every call is recorded in `record`, then `body(ctx, jobs)` runs, if given;
+    what it returns is the handler's return."""
+
+    def __init__(
+        self,
+        body: Callable[[nj.BatchContext, list[nj.BatchJob[Any]]], Awaitable[Any]] | None = None,
+        *,
+        queue: str = "idx",
+        workers: int = 1,
+        queue_timeout: float | None = 30,
+        **batch_options: Any,
+    ) -> None:
+        self.app = nj.App()
+        self.app.queue(queue, max_workers=workers, timeout=queue_timeout)
+        self.record = Record()
+
+        @self.app.batch_job(queue=queue, **batch_options)
+        async def index(ctx: nj.BatchContext, jobs: list[nj.BatchJob[Any]]) -> Any:
+            self.record.add(jobs)
+            return None if body is None else await body(ctx, jobs)
+
+        self.index = index
+
+    def open(self, backend: Any, *, grace: float = 0, **options: Any) -> AsyncContextManager[nj.Runtime]:
+        """`open_runtime` of this app on `backend` (no grace unless given)."""
+        return nj.open_runtime(self.app, backend=backend, grace=grace, **options)
+
+
 async def _wait_all(rt: nj.Runtime, ids: list[nj.JobId], timeout: float = 120) -> list[nj.Job]:
     for job_id in ids:
         assert (await rt.wait(job_id, timeout=timeout)).done, job_id
@@ -49,17 +80,13 @@ async def _wait_all(rt: nj.Runtime, ids: list[nj.JobId], timeout: float = 120) -
 
 
 async def test_a_backlog_runs_in_full_batches_and_the_rest_after_max_wait(make_backend, autojump_clock) -> None:
-    app = nj.App()
-    app.queue("idx", max_workers=1, timeout=30)
-    record = Record()
-
-    @app.batch_job(queue="idx", max_size=20, max_wait=0.5)
-    async def index(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> None:
-        record.add(jobs)
+    async def one_second(ctx: nj.BatchContext, jobs: list[nj.BatchJob[Any]]) -> None:
         await trio.sleep(1)
 
-    async with nj.open_runtime(app, backend=make_backend(), grace=0) as rt:
-        ids = await index.enqueue_many([{"n": n} for n in range(45)])
+    idx = Indexer(one_second, max_size=20, max_wait=0.5)
+    record = idx.record
+    async with idx.open(make_backend()) as rt:
+        ids = await idx.index.enqueue_many([{"n": n} for n in range(45)])
         jobs = await _wait_all(rt, ids)
     assert record.sizes == [20, 20, 5]
     assert all(j.state is COMPLETED and j.attempt == 1 for j in jobs)
@@ -72,19 +99,13 @@ async def test_a_backlog_runs_in_full_batches_and_the_rest_after_max_wait(make_b
 async def test_max_wait_runs_from_the_first_job_and_is_not_reset_by_later_ones(make_backend, autojump_clock) -> None:
     """Gitea's debounce: the timer starts with a batch's first job; jobs that keep coming join
     it but do not push it back, so at low load a job waits at most max_wait."""
-    app = nj.App()
-    app.queue("idx", max_workers=2, timeout=30)
-    record = Record()
+    idx = Indexer(workers=2, max_size=100, max_wait=1.0)
+    record = idx.record
     enqueued: dict[int, float] = {}
-
-    @app.batch_job(queue="idx", max_size=100, max_wait=1.0)
-    async def index(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> None:
-        record.add(jobs)
-
-    async with nj.open_runtime(app, backend=make_backend(), grace=0) as rt:
+    async with idx.open(make_backend()) as rt:
         ids = []
         for n in range(12):
-            job_id = await index.enqueue(n=n)
+            job_id = await idx.index.enqueue(n=n)
             enqueued[job_id] = trio.current_time()
             ids.append(job_id)
             await trio.sleep(0.3)
@@ -97,18 +118,14 @@ async def test_max_wait_runs_from_the_first_job_and_is_not_reset_by_later_ones(m
 
 
 async def test_returned_jobs_are_retried_on_their_own_attempts_and_the_others_complete(make_backend, autojump_clock) -> None:
-    app = nj.App()
-    app.queue("idx", max_workers=2, timeout=30)
-    record = Record()
-
-    @app.batch_job(queue="idx", max_size=10, max_wait=0.1, max_attempts=3, retry=nj.RetryPolicy(base=1, jitter=0))
-    async def index(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> list[nj.BatchJob]:
-        record.add(jobs)
+    async def return_some(ctx: nj.BatchContext, jobs: list[nj.BatchJob[Any]]) -> list[nj.BatchJob[Any]]:
         # odd jobs fail their first attempt; job 9 never succeeds
         return [j for j in jobs if (j.args["n"] % 2 and j.attempt == 1) or j.args["n"] == 9]
 
-    async with nj.open_runtime(app, backend=make_backend(), grace=0) as rt:
-        ids = await index.enqueue_many([{"n": n} for n in range(10)])
+    idx = Indexer(return_some, workers=2, max_size=10, max_wait=0.1, max_attempts=3, retry=nj.RetryPolicy(base=1, jitter=0))
+    record = idx.record
+    async with idx.open(make_backend()) as rt:
+        ids = await idx.index.enqueue_many([{"n": n} for n in range(10)])
         jobs = await _wait_all(rt, ids)
     by_n = {j.args["n"]: j for j in jobs}
     for n in (0, 2, 4, 6, 8):
@@ -123,18 +140,14 @@ async def test_returned_jobs_are_retried_on_their_own_attempts_and_the_others_co
 
 
 async def test_a_handler_that_raises_fails_every_job_as_one_attempt_each(make_backend, autojump_clock) -> None:
-    app = nj.App()
-    app.queue("idx", max_workers=1, timeout=30)
-    record = Record()
-
-    @app.batch_job(queue="idx", max_size=10, max_wait=0.1)
-    async def index(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> None:
-        record.add(jobs)
+    async def down_at_first(ctx: nj.BatchContext, jobs: list[nj.BatchJob[Any]]) -> None:
         if jobs[0].attempt == 1:
             raise RuntimeError("the search engine is down")
 
-    async with nj.open_runtime(app, backend=make_backend(), grace=0) as rt:
-        ids = await index.enqueue_many([{"n": n} for n in range(6)])
+    idx = Indexer(down_at_first, max_size=10, max_wait=0.1)
+    record = idx.record
+    async with idx.open(make_backend()) as rt:
+        ids = await idx.index.enqueue_many([{"n": n} for n in range(6)])
         jobs = await _wait_all(rt, ids)
         stats = (await rt.stats())["idx"]
     assert record.sizes[0] == 6
@@ -145,18 +158,16 @@ async def test_a_handler_that_raises_fails_every_job_as_one_attempt_each(make_ba
 
 
 async def test_a_return_value_that_is_not_jobs_of_the_batch_fails_every_job(make_backend, autojump_clock) -> None:
-    app = nj.App()
-    app.queue("idx", max_workers=1, timeout=30)
     calls = 0
 
-    @app.batch_job(queue="idx", max_size=10, max_wait=0.1)
-    async def index(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> Any:
+    async def ids_not_jobs(ctx: nj.BatchContext, jobs: list[nj.BatchJob[Any]]) -> Any:
         nonlocal calls
         calls += 1
         return [j.id for j in jobs] if calls == 1 else None  # ids, not the jobs: a mistake
 
-    async with nj.open_runtime(app, backend=make_backend(), grace=0) as rt:
-        ids = await index.enqueue_many([{"n": n} for n in range(3)])
+    idx = Indexer(ids_not_jobs, max_size=10, max_wait=0.1)
+    async with idx.open(make_backend()) as rt:
+        ids = await idx.index.enqueue_many([{"n": n} for n in range(3)])
         jobs = await _wait_all(rt, ids)
     for job in jobs:
         assert job.state is COMPLETED and job.attempt == 2
@@ -164,12 +175,9 @@ async def test_a_return_value_that_is_not_jobs_of_the_batch_fails_every_job(make
 
 
 async def test_a_timeout_cuts_the_batch_and_fails_every_job_as_one_attempt(make_backend, autojump_clock) -> None:
-    app = nj.App()
-    app.queue("idx", max_workers=1, timeout=30)
     ended: list[float] = []
 
-    @app.batch_job(queue="idx", max_size=10, max_wait=0, timeout=2, max_attempts=1)
-    async def index(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> None:
+    async def hang(ctx: nj.BatchContext, jobs: list[nj.BatchJob[Any]]) -> None:
         start = trio.current_time()
         try:
             await trio.sleep(100)
@@ -177,8 +185,9 @@ async def test_a_timeout_cuts_the_batch_and_fails_every_job_as_one_attempt(make_
             ended.append(trio.current_time() - start)
             assert ctx.cancel_reason == "timeout"
 
-    async with nj.open_runtime(app, backend=make_backend(), grace=0) as rt:
-        ids = await index.enqueue_many([{"n": n} for n in range(4)])
+    idx = Indexer(hang, max_size=10, max_wait=0, timeout=2, max_attempts=1)
+    async with idx.open(make_backend()) as rt:
+        ids = await idx.index.enqueue_many([{"n": n} for n in range(4)])
         jobs = await _wait_all(rt, ids)
     assert ended and all(t == pytest.approx(2, abs=0.3) for t in ended)
     assert sum(1 for _ in ended) <= 4
@@ -188,17 +197,11 @@ async def test_a_timeout_cuts_the_batch_and_fails_every_job_as_one_attempt(make_
 
 
 async def test_shutdown_while_collecting_gives_every_job_back(make_backend, autojump_clock) -> None:
-    app = nj.App()
-    app.queue("idx", max_workers=1, timeout=30)
-    record = Record()
-
-    @app.batch_job(queue="idx", max_size=10, max_wait=30)
-    async def index(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> None:
-        record.add(jobs)
-
+    idx = Indexer(max_size=10, max_wait=30)
+    record = idx.record
     backend = make_backend()
-    async with nj.open_runtime(app, backend=backend, grace=5) as rt:
-        ids = await index.enqueue_many([{"n": n} for n in range(3)])
+    async with idx.open(backend, grace=5) as rt:
+        ids = await idx.index.enqueue_many([{"n": n} for n in range(3)])
         await trio.sleep(2)  # claimed, collecting: the batch is not full and max_wait is far
         assert (await rt.get_job(ids[0])).state is nj.JobState.RUNNING
         t0 = trio.current_time()
@@ -207,27 +210,24 @@ async def test_shutdown_while_collecting_gives_every_job_back(make_backend, auto
     for job_id in ids:
         job = await backend.get_job(job_id)
         assert job.state is nj.JobState.AVAILABLE and job.attempt == 0 and job.errors == ()
-    async with nj.open_runtime(app, backend=backend, grace=5) as rt:  # a restart runs them once
+    async with idx.open(backend, grace=5) as rt:  # a restart runs them once
         jobs = await _wait_all(rt, ids)
     assert all(j.state is COMPLETED and j.attempt == 1 for j in jobs)
     assert record.runs() == {i: [1] for i in ids}
 
 
 async def test_shutdown_mid_batch_interrupts_it_and_a_restart_runs_every_job_again(make_backend, autojump_clock) -> None:
-    app = nj.App()
-    app.queue("idx", max_workers=1, timeout=None)
-    record = Record()
     slow = True
 
-    @app.batch_job(queue="idx", max_size=10, max_wait=0)
-    async def index(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> None:
-        record.add(jobs)
+    async def slow_at_first(ctx: nj.BatchContext, jobs: list[nj.BatchJob[Any]]) -> None:
         if slow:
             await trio.sleep(100)
 
+    idx = Indexer(slow_at_first, queue_timeout=None, max_size=10, max_wait=0)
+    record = idx.record
     backend = make_backend()
-    async with nj.open_runtime(app, backend=backend, grace=1) as rt:
-        ids = await index.enqueue_many([{"n": n} for n in range(5)])
+    async with idx.open(backend, grace=1) as rt:
+        ids = await idx.index.enqueue_many([{"n": n} for n in range(5)])
         while not record.calls:
             await trio.sleep(0.1)
     assert sorted(rt.interrupted) == sorted(ids)
@@ -235,27 +235,25 @@ async def test_shutdown_mid_batch_interrupts_it_and_a_restart_runs_every_job_aga
         job = await backend.get_job(job_id)
         assert job.state is nj.JobState.AVAILABLE and job.attempt == 0 and job.errors == ()
     slow = False
-    async with nj.open_runtime(app, backend=backend, grace=1) as rt:
+    async with idx.open(backend, grace=1) as rt:
         jobs = await _wait_all(rt, ids)
     assert all(j.state is COMPLETED and j.attempt == 1 for j in jobs)
     assert all(attempts == [1, 1] for attempts in record.runs().values())  # at least once: twice here
 
 
 async def test_cancel_reaches_only_its_job_and_does_not_cut_the_batch(make_backend, autojump_clock) -> None:
-    app = nj.App()
-    app.queue("idx", max_workers=1, timeout=30)
     flags: dict[int, bool] = {}
     batch_started = trio.Event()
 
-    @app.batch_job(queue="idx", max_size=10, max_wait=0)
-    async def index(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> None:
+    async def note_cancels(ctx: nj.BatchContext, jobs: list[nj.BatchJob[Any]]) -> None:
         batch_started.set()
         await trio.sleep(5)
         assert ctx.cancel_reason is None
         flags.update({j.id: j.cancel_requested for j in jobs})
 
-    async with nj.open_runtime(app, backend=make_backend(), grace=0) as rt:
-        ids = await index.enqueue_many([{"n": n} for n in range(3)])
+    idx = Indexer(note_cancels, max_size=10, max_wait=0)
+    async with idx.open(make_backend()) as rt:
+        ids = await idx.index.enqueue_many([{"n": n} for n in range(3)])
         await batch_started.wait()
         assert await rt.cancel(ids[1]) is nj.JobState.RUNNING
         jobs = await _wait_all(rt, ids)
@@ -264,21 +262,19 @@ async def test_cancel_reaches_only_its_job_and_does_not_cut_the_batch(make_backe
 
 
 async def test_cancelling_every_job_of_a_batch_cuts_it(make_backend, autojump_clock) -> None:
-    app = nj.App()
-    app.queue("idx", max_workers=1, timeout=30)
     reasons: list[str | None] = []
     batch_started = trio.Event()
 
-    @app.batch_job(queue="idx", max_size=10, max_wait=0)
-    async def index(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> None:
+    async def hang(ctx: nj.BatchContext, jobs: list[nj.BatchJob[Any]]) -> None:
         batch_started.set()
         try:
             await trio.sleep(100)
         finally:
             reasons.append(ctx.cancel_reason)
 
-    async with nj.open_runtime(app, backend=make_backend(), grace=0) as rt:
-        ids = await index.enqueue_many([{"n": n} for n in range(2)])
+    idx = Indexer(hang, max_size=10, max_wait=0)
+    async with idx.open(make_backend()) as rt:
+        ids = await idx.index.enqueue_many([{"n": n} for n in range(2)])
         await batch_started.wait()
         t0 = trio.current_time()
         for job_id in ids:
@@ -290,25 +286,22 @@ async def test_cancelling_every_job_of_a_batch_cuts_it(make_backend, autojump_cl
 
 
 async def test_batch_and_plain_kinds_share_a_queue(make_backend, autojump_clock) -> None:
-    app = nj.App()
-    app.queue("mixed", max_workers=3, timeout=30)
-    record = Record()
-    plain_runs: dict[int, int] = {}
-
-    @app.batch_job(queue="mixed", max_size=8, max_wait=0.2)
-    async def index(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> None:
-        record.add(jobs)
+    async def half_a_second(ctx: nj.BatchContext, jobs: list[nj.BatchJob[Any]]) -> None:
         await trio.sleep(0.5)
 
-    @app.job(queue="mixed")
+    idx = Indexer(half_a_second, queue="mixed", workers=3, max_size=8, max_wait=0.2)
+    record = idx.record
+    plain_runs: dict[int, int] = {}
+
+    @idx.app.job(queue="mixed")
     async def notify(ctx: nj.JobContext, n: int) -> None:
         plain_runs[ctx.id] = plain_runs.get(ctx.id, 0) + 1
         await trio.sleep(0.1)
 
-    async with nj.open_runtime(app, backend=make_backend(), grace=0) as rt:
+    async with idx.open(make_backend()) as rt:
         ids: list[nj.JobId] = []
         for n in range(30):
-            ids.append(await index.enqueue(n=n))
+            ids.append(await idx.index.enqueue(n=n))
             ids.append(await notify.enqueue(n=n))
         jobs = await _wait_all(rt, ids)
     assert all(j.state is COMPLETED and j.attempt == 1 for j in jobs)
@@ -336,19 +329,13 @@ async def test_typed_args_are_checked_at_enqueue(make_backend, autojump_clock) -
 
 
 async def test_a_stored_row_that_cannot_be_decoded_is_discarded_alone(make_backend, damage, autojump_clock) -> None:
-    app = nj.App()
-    app.queue("idx", max_workers=1, timeout=30)
-    record = Record()
-
-    @app.batch_job(queue="idx", max_size=10, max_wait=0.5)
-    async def index(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> None:
-        record.add(jobs)
-
+    idx = Indexer(max_size=10, max_wait=0.5)
+    record = idx.record
     backend = make_backend()
-    async with nj.open_runtime(app, backend=backend, queues=[]) as enqueuer:
-        ids = await index.enqueue_many([{"n": n} for n in range(3)])
+    async with nj.open_runtime(idx.app, backend=backend, queues=[]):
+        ids = await idx.index.enqueue_many([{"n": n} for n in range(3)])
     damage.write(backend, ids[1], "args = ?", ("{not json",))
-    async with nj.open_runtime(app, backend=backend, grace=0) as rt:
+    async with idx.open(backend) as rt:
         jobs = await _wait_all(rt, ids)
     assert [j.state for j in jobs] == [COMPLETED, nj.JobState.DISCARDED, COMPLETED]
     assert "job args could not be decoded" in jobs[1].errors[-1].message
@@ -358,19 +345,13 @@ async def test_a_stored_row_that_cannot_be_decoded_is_discarded_alone(make_backe
 
 async def test_two_runtimes_on_one_store_never_put_a_job_in_two_batches(store, autojump_clock) -> None:
     """Two processes' batches share the backlog: each job is claimed into one batch, once."""
-    app = nj.App()
-    app.queue("idx", max_workers=2, timeout=30)
-    record = Record()
-
-    @app.batch_job(queue="idx", max_size=10, max_wait=0.2)
-    async def index(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> None:
-        record.add(jobs)
+    async def half_a_second(ctx: nj.BatchContext, jobs: list[nj.BatchJob[Any]]) -> None:
         await trio.sleep(0.5)
 
-    async with nj.open_runtime(app, backend=store.open(), grace=0) as one, nj.open_runtime(
-        app, backend=store.open(), grace=0
-    ):
-        ids = await index.enqueue_many([{"n": n} for n in range(120)])
+    idx = Indexer(half_a_second, workers=2, max_size=10, max_wait=0.2)
+    record = idx.record
+    async with idx.open(store.open()) as one, idx.open(store.open()):
+        ids = await idx.index.enqueue_many([{"n": n} for n in range(120)])
         jobs = await _wait_all(one, ids)
     assert all(j.state is COMPLETED and j.attempt == 1 for j in jobs)
     assert record.runs() == {i: [1] for i in ids}
@@ -378,16 +359,10 @@ async def test_two_runtimes_on_one_store_never_put_a_job_in_two_batches(store, a
 
 
 async def test_a_job_cancelled_while_its_batch_collects_is_left_out(make_backend, autojump_clock) -> None:
-    app = nj.App()
-    app.queue("idx", max_workers=1, timeout=30)
-    record = Record()
-
-    @app.batch_job(queue="idx", max_size=10, max_wait=5)
-    async def index(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> None:
-        record.add(jobs)
-
-    async with nj.open_runtime(app, backend=make_backend(), grace=0) as rt:
-        ids = await index.enqueue_many([{"n": n} for n in range(3)])
+    idx = Indexer(max_size=10, max_wait=5)
+    record = idx.record
+    async with idx.open(make_backend()) as rt:
+        ids = await idx.index.enqueue_many([{"n": n} for n in range(3)])
         await trio.sleep(1)  # claimed, collecting until max_wait
         assert await rt.cancel(ids[0]) is nj.JobState.RUNNING
         jobs = await _wait_all(rt, ids)

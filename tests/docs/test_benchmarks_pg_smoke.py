@@ -35,11 +35,12 @@ def postgres_reachable() -> None:
         pgutil.unreachable(" ".join(str(exc).split()))
 
 
-def run_quick(script: str, flag: str = "--quick") -> subprocess.CompletedProcess[str]:
-    """Run a script; a PostgreSQL one must have dropped every database it made
-    (`nj_bench_<tag>_<its pid>`, benchmarks/pg_common.py) by the time it exits."""
+def run_quick(script: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    """Run a script with `flags` (``--quick`` when none are given); it must exit 0, and a
+    PostgreSQL one must have dropped every database it made (`nj_bench_<tag>_<its pid>`,
+    benchmarks/pg_common.py) by the time it exits."""
     proc = subprocess.Popen(
-        [sys.executable, str(BENCH / script), flag],
+        [sys.executable, str(BENCH / script), *(flags or ("--quick",))],
         cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -143,17 +144,9 @@ def test_rate_limits_quick_mode_runs() -> None:
 
 @pytest.mark.usefixtures("postgres_reachable")
 def test_concurrency_keys_quick_mode_runs() -> None:
-    result = subprocess.run(
-        [sys.executable, str(BENCH / "concurrency_keys.py"), "--quick", "--backends", "postgres"],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    out = run_quick("concurrency_keys.py", "--quick", "--backends", "postgres").stdout
     for label in ("keys (limit 1)", "overshoot", "latency"):
-        assert label in result.stdout, result.stdout
+        assert label in out, out
     assert not [name for name in leftover_bench_databases() if "_keyed_" in name]
 
 
@@ -176,18 +169,10 @@ def test_outbox_relay_smoke_mode_runs() -> None:
 
 @pytest.mark.usefixtures("postgres_reachable")
 def test_batches_quick_mode_runs() -> None:
-    result = subprocess.run(
-        [sys.executable, str(BENCH / "batches.py"), "--quick"],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    out = run_quick("batches.py").stdout
     for backend in ("postgres", "sqlite", "memory"):
-        assert f"\n{backend} " in result.stdout, result.stdout
-    assert "batch 100 jobs/s (x single)" in result.stdout
+        assert f"\n{backend} " in out, out
+    assert "batch 100 jobs/s (x single)" in out
     assert not [name for name in leftover_bench_databases() if "_batches_" in name]
 
 

@@ -3,27 +3,14 @@ the example service runs its schedules (on virtual time, in this process)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 from typing import Any
 
-import trio
-import trio.testing
-
 import nursery_jobs as nj
+from tests.docs.examples_kit import EXAMPLES, ROOT, load_example, run_main_on_virtual_time
 
-ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "periodic.md"
-EXAMPLE = ROOT / "examples" / "maintenance.py"
-
-
-def _load_example() -> Any:
-    spec = importlib.util.spec_from_file_location("maintenance_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+EXAMPLE = EXAMPLES / "maintenance.py"
 
 
 def test_the_pages_first_example_declares_what_it_says() -> None:
@@ -41,13 +28,8 @@ def test_the_pages_first_example_declares_what_it_says() -> None:
 
 
 def test_the_maintenance_example_runs_its_schedules(capsys: Any) -> None:
-    example = _load_example()
-
-    async def body() -> list[nj.PeriodicInfo]:
-        async with nj.open_runtime(example.app) as rt:
-            return await example.main(rt, 7.0)  # type: ignore[no-any-return]
-
-    heartbeat, purge = trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
+    example = load_example(EXAMPLE, "maintenance_example")
+    heartbeat, purge = run_main_on_virtual_time(example, 7.0)
     out = capsys.readouterr().out
     assert 3 <= out.count("heartbeat job") <= 4  # every other second for 7 s
     assert heartbeat.last_outcome is nj.JobState.COMPLETED and heartbeat.next_tick is not None

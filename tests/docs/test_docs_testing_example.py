@@ -125,7 +125,7 @@ async def test_shutdown_gives_the_attempt_back_and_a_restart_runs_it_again(
 
 async def test_cleanup_runs_when_the_shutdown_interrupts_a_job(autojump_clock: trio.testing.MockClock) -> None:
     backend = nj.MemoryBackend()  # an instance, so the job can be inspected after shutdown
-    async with nj.open_runtime(app, backend=backend, grace=5) as rt:
+    async with nj.open_runtime(app, backend=backend, grace=5):
         job_id = await deliver_with_lease.enqueue(endpoint="https://hooks.example/3")
         await trio.sleep(1)
         assert leases == {"https://hooks.example/3"}

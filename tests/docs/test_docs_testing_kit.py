@@ -6,7 +6,6 @@ the page shows is the one the example's naive handler gives."""
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import os
 import re
 import shutil
@@ -20,6 +19,7 @@ import trio
 import trio.testing
 
 import nursery_jobs as nj
+from tests.docs.examples_kit import EXAMPLES, load_example
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "testing.md"
@@ -58,10 +58,7 @@ def test_the_worked_example_passes_on_every_backend(tmp_path: Path, pg_url: str)
 
 def test_the_failure_the_page_shows_is_the_one_the_example_gives(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)  # file names in the message are relative to the working directory
-    spec = importlib.util.spec_from_file_location("example_test_service", ROOT / "examples" / "test_service.py")
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = load_example(EXAMPLES / "test_service.py", "example_test_service")
 
     async def check() -> str:
         async with nj.testing.open_test_runtime(example.app):

@@ -5,38 +5,14 @@ and the index queue done while the slow endpoint is still busy."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
-from typing import Any
+from tests.docs.examples_kit import EXAMPLES, load_example, run_example_script, run_main_on_virtual_time
 
-import trio
-import trio.testing
-
-import nursery_jobs as nj
-
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "webhooks.py"
-
-
-def _load_example() -> Any:
-    spec = importlib.util.spec_from_file_location("webhooks_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+EXAMPLE = EXAMPLES / "webhooks.py"
 
 
 def test_the_webhooks_example_keeps_one_delivery_per_endpoint_and_never_delays_indexing() -> None:
-    example = _load_example()
-
-    async def body() -> Any:
-        async with nj.open_runtime(example.app) as rt:
-            return await example.main(rt)
-
-    log = trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
+    example = load_example(EXAMPLE, "webhooks_example")
+    log = run_main_on_virtual_time(example)
     assert dict(log.max_in_flight) == {0: 1, 1: 1, 2: 1}
     assert log.started[example.SLOW_ENDPOINT] == [10, 11, 12, 13]  # one at a time, in enqueue order
     assert len(log.index_done_at) == 20
@@ -46,16 +22,7 @@ def test_the_webhooks_example_keeps_one_delivery_per_endpoint_and_never_delays_i
 
 
 def test_the_webhooks_example_runs_as_a_script() -> None:
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLE)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr, result.stderr
+    result = run_example_script(EXAMPLE)
     assert "endpoint 1: deliveries started in order [10, 11, 12, 13], at most 1 in flight" in result.stdout
     assert "retried: event 21 (2 attempts), event 22 (2 attempts)" in result.stdout
     assert "index: 20 documents done" in result.stdout

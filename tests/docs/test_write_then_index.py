@@ -12,11 +12,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-import trio
-import trio.testing
-
-import nursery_jobs as nj
 from tests import pgutil
+from tests.docs.examples_kit import run_main_on_virtual_time
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "write_then_index.py"
 
@@ -42,11 +39,7 @@ def jobs_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def test_the_example_answers_within_its_wait_and_at_once_past_the_cap(monkeypatch, jobs_url, capsys) -> None:
     example = load(monkeypatch, jobs_url)
 
-    async def run() -> None:
-        async with nj.open_runtime(example.app, backend=jobs_url, grace=0) as rt:  # the burst's jobs stay queued
-            await example.main(rt)
-
-    trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0.05))
+    run_main_on_virtual_time(example, backend=jobs_url, grace=0, autojump_threshold=0.05)  # the burst's jobs stay queued
     assert capsys.readouterr().out.splitlines() == [
         "one document: {'id': 1, 'indexed': True}",
         "burst of 65: 64 waited 2 s, 1 answered at once; indexed within the wait: 0",
