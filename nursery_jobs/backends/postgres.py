@@ -1759,6 +1759,10 @@ _QUERIES: dict[str, sql.SQL] = {
     # a row leaving `running` waits for those locks, then unparks in a snapshot of its own
     # (`_UNPARK_FREED`). The last row carries how many were parked: the claim looks again
     # behind them.
+    # Rate keys (migration 0014): the scan reads a rate-keyed row with its verdict as a column
+    # (`_RATE_OPEN`, so the window's bound counts it), and the last row carries the ids it
+    # passed over for their rate, for `rate_park`, and the queue's earliest rate wake time,
+    # which the claim passes to `rate_release` once it has come.
     "claim": sql.SQL(_claim_sql(limited=False)),
     # Under a queue's global limit: every job picked is held for `claim_held`, which counts the
     # queue's running jobs under the queue's lock.
