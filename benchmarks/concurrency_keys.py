@@ -8,7 +8,10 @@ What it measures, per backend (PostgreSQL; SQLite and memory beside it):
    inserted directly, then `ANALYZE`d; memory: `insert_many`), drained by one runtime of W
    workers until M jobs completed; jobs per second from the first start to the M-th. The
    unlimited side's jobs have no key; the keyed side's job n has the key ``k<n % K>`` with
-   `max_concurrent` 1, for K in 1, 10, 1,000 and 100,000. Rounds alternate the sides, each on a
+   `max_concurrent` 1, for K in 1, 10, 1,000 and 100,000 (``--same-args``: the unlimited side's
+   job n carries the same key as an argument only, and its handler does the same bookkeeping, so
+   the sides differ by the limit alone; without it the unlimited jobs have no arguments, whose
+   decoding the runtime skips). Rounds alternate the sides, each on a
    freshly filled table, and the figure is the median of the per-round ratios keyed / unlimited.
    (With K keys at a limit of 1 at most K jobs run at once, so K = 1 runs one job at a time by
    design: its figure is the cost of the limit, not a target.)
@@ -75,6 +78,9 @@ class Sizes:
     busy_hold: float = 0.05
     """Seconds each job of the busy key runs, in the latency-behind-a-full-key measurement."""
     backends: tuple[str, ...] = ("postgres", "sqlite", "memory")
+    same_args: bool = False
+    """The unlimited side's jobs carry the keyed side's arguments (their key as an argument, with
+    no limit) and its handler's bookkeeping: the two sides then differ by the limit alone."""
 
 
 QUICK = Sizes(jobs=300, measured=100, serial_measured=20, workers=8, rounds=1, keys=(1, 10, 1_000), probes=10)
@@ -118,8 +124,8 @@ def build_app(workers: int, box: list[Box]) -> nj.App:
             b.running[key] -= 1
 
     @app.job(queue=QUEUE, name="plain")
-    async def plain(ctx: nj.JobContext, n: int = 0) -> None:
-        await body(ctx, None)
+    async def plain(ctx: nj.JobContext, n: int = 0, key: str | None = None) -> None:
+        await body(ctx, key)
 
     @app.job(queue=QUEUE, name="keyed", concurrency_key=lambda args: args["key"], max_concurrent=1)
     async def keyed(ctx: nj.JobContext, key: str, n: int = 0) -> None:
@@ -138,12 +144,16 @@ def build_app(workers: int, box: list[Box]) -> nj.App:
 KEY_COLUMNS = (*JOB_COLUMNS, "concurrency_key", "max_concurrent")
 
 
-def table_rows(n: int, keys: int | None) -> list[tuple[Any, ...]]:
+def table_rows(n: int, keys: int | None, limited: bool = True) -> list[tuple[Any, ...]]:
     """`n` due jobs as rows of the jobs table (KEY_COLUMNS): `plain` ones with no key, or
-    `keyed` ones, job g with the key ``k<g % keys>`` at a limit of 1."""
+    `keyed` ones, job g with the key ``k<g % keys>`` at a limit of 1 (`limited` False: `plain`
+    ones with that key as an argument only, `Sizes.same_args`)."""
     now = time.time() - 60
     if keys is None:
         return [("plain", QUEUE, "{}", "available", 25, 0, now + g * 1e-6, now, None, None) for g in range(1, n + 1)]
+    if not limited:
+        return [("plain", QUEUE, '{"key": "k%d"}' % (g % keys), "available", 25, 0, now + g * 1e-6, now, None, None)
+                for g in range(1, n + 1)]  # fmt: skip
     return [("keyed", QUEUE, '{"key": "k%d"}' % (g % keys), "available", 25, 0, now + g * 1e-6, now, f"k{g % keys}", 1)
             for g in range(1, n + 1)]  # fmt: skip
 
@@ -151,12 +161,12 @@ def table_rows(n: int, keys: int | None) -> list[tuple[Any, ...]]:
 # -- one drain --
 
 
-def drain(backend: str, target: str, s: Sizes, keys: int | None) -> tuple[float, int]:
+def drain(backend: str, target: str, s: Sizes, keys: int | None, limited: bool = True) -> tuple[float, int]:
     """(jobs per second, worst running count of one key) for one freshly filled backlog."""
     measured = s.serial_measured if keys == 1 else s.measured
     box = [Box(measured)]
     app = build_app(s.workers, box)
-    where = backlog(backend, target, SCHEMA, KEY_COLUMNS, table_rows(s.jobs, keys))
+    where = backlog(backend, target, SCHEMA, KEY_COLUMNS, table_rows(s.jobs, keys, limited))
 
     async def main(rt: nj.Runtime) -> None:
         with trio.fail_after(600):
@@ -265,7 +275,7 @@ def measure(backend: str, target: str, s: Sizes, log: Callable[[str], None]) -> 
     worst = 0
     for r in range(s.rounds):
         for keys in s.keys:
-            base, _ = drain(backend, target, s, None)
+            base, _ = drain(backend, target, s, keys if s.same_args else None, limited=False)
             rate, w = drain(backend, target, s, keys)
             worst = max(worst, w)
             rates[None].append(base)
@@ -298,6 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_backend_options(parser, "rounds per number of keys (default 2)")
     parser.add_argument("--keys", default=None, help="comma-separated numbers of distinct keys (default 1,10,1000,100000)")
+    parser.add_argument("--same-args", action="store_true", help="the unlimited side's jobs carry the keyed side's arguments")
     parser.add_argument("--claim-cost", action="store_true", help="only the claim and outcome cost, one call at a time (PostgreSQL)")
     args = parser.parse_args(argv)
     if args.claim_cost:
@@ -312,7 +323,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     s = sizes_from(args, Sizes(), QUICK)
     if args.keys:
         s = attrs.evolve(s, keys=tuple(int(k) for k in args.keys.split(",")))
-    print(f"per-key concurrency: {s.jobs:,} jobs pre-filled, {s.workers} workers, keys {s.keys}, {s.rounds} round(s)")
+    if args.same_args:
+        s = attrs.evolve(s, same_args=True)
+    print(f"per-key concurrency: {s.jobs:,} jobs pre-filled, {s.workers} workers, keys {s.keys}, {s.rounds} round(s)"
+          + (", the unlimited side with the same arguments" if s.same_args else ""))  # fmt: skip
     started = time.perf_counter()
     try:
         rows = measure_each_backend(s.backends, "keyed", lambda backend, target: measure(backend, target, s, print))

@@ -103,7 +103,7 @@ from .protocol import (
     ScheduleState,
 )
 from .rows import counts_from_rows, job_from_row
-from .transitions import PENDING, check_room, sql_case
+from .transitions import PARK_AT_ONCE, PENDING, check_room, sql_case
 
 log = logging.getLogger("nursery_jobs")
 
@@ -781,59 +781,54 @@ class PostgresBackend:
         if limit <= 0:
             return ClaimResult([], None)
         now = self.now()
-        q, q_held = self._q["claim_limited" if max_running is not None else "claim"], self._q["claim_held"]
+        q = self._q["claim_limited" if max_running is not None else "claim"]
         q_park, q_release = self._q["rate_park"], self._q["rate_release"]
 
         async def body(conn: TrioConnection) -> ClaimResult:
             next_due = rate_next = None
             jobs: list[tuple[Any, ...]] = []
             # The claim statement picks at most `want` jobs, and the limits may refuse some of
-            # them (several of one key), or a concurrent claim may have taken them (`lost`):
-            # then it looks again, and the next look passes over the keys now full, so a key's
-            # backlog never keeps the claim from other keys' jobs (no head-of-line blocking).
-            # A job passed over for its key is parked by the look that passed it (migration
-            # 0011), so no later look or claim reads it again; a look that parked some read at
-            # most `_PARK_AT_ONCE` of them, and the next look goes on behind them. A job passed
-            # over for its rate is parked by `rate_park` under its key's lock, and a queue's rate
-            # key whose wake time has come brings back what its window admits (`rate_release`)
-            # before the next look (migration 0014).
+            # them (several of one key): then it looks again, and the next look passes over
+            # the keys now full, so a key's backlog never keeps the claim from other keys' jobs
+            # (no head-of-line blocking). A job passed over for its key is parked by the look
+            # that passed it (migration 0011), so no later look or claim reads it again; a look
+            # that parked some read at most `PARK_AT_ONCE` of them, and the next look goes on
+            # behind them. Each look is one statement: it claims the jobs with no limit itself
+            # and the others through `claim_picked`, under the limits' locks, which also parks
+            # a picked job it refuses for its rate (migration 0014). A job the scan passed over
+            # for its rate is parked by `rate_park` under its key's lock, and a queue's rate key
+            # whose wake time has come brings back what its window admits (`rate_release`)
+            # before the next look: each a round trip of its own, only when there is one to do.
             more = False
             for _ in range(_CLAIM_LOOKS):
-                want = limit - len(jobs)
-                rows = await _all(conn, q, {"now": now, "queue": queue, "limit": want})
-                held: list[int] = []
+                params = {"now": now, "queue": queue, "limit": limit - len(jobs)}
+                if max_running is not None:
+                    params["max_running"] = max_running
+                full = False
                 rate_ids: list[int] = []
                 wake = None
-                for r in rows:
-                    if r[0] is None:
-                        next_due, held, more, rate_ids, wake = r[7], r[8], r[9] > 0, r[10], r[11]
-                    else:
+                for r in await _all(conn, q, params):
+                    if r[0] is not None:
                         jobs.append(r)
-                if held:
-                    want = limit - len(jobs)
-                    got = await _all(
-                        conn, q_held, {"ids": held, "queue": queue, "want": want, "max_running": max_running, "now": now}
-                    )
-                    taken = [r for r in got if r[0] is not None]
-                    for r in got:
-                        if r[0] is None and r[7] is not None and (rate_next is None or r[7] < rate_next):
-                            rate_next = r[7]  # a rate key's next slot, seen under its lock (migration 0010)
-                    jobs += taken
-                    if len(taken) < len(held):  # the limits passed some over, or others took them
-                        if max_running is not None and not (got and got[0][8]):
-                            more = False
-                            break  # the queue is full: nothing more may start
-                        more = True
+                        continue
+                    next_due, held, taken, parked, slot, rate_ids, wake = r[7:14]
+                    # Under a global limit, a pick the limits cut short means the queue is full:
+                    # nothing more may start. Else what they passed over, and what was parked,
+                    # may hide startable jobs behind it.
+                    full = max_running is not None and taken < held
+                    more = not full and (parked > 0 or taken < held)
+                    if slot is not None and (rate_next is None or slot < rate_next):
+                        rate_next = slot  # a rate key's next slot, seen under its lock (migration 0010)
                 if rate_ids:
                     row = await _one(conn, q_park, {"ids": rate_ids, "queue": queue, "now": now})
                     if row is not None and row[0] is not None and (rate_next is None or row[0] < rate_next):
                         rate_next = row[0]  # a rate key's wake time, armed under its lock
-                    more = True  # behind the ones parked, or not parked: the window moved
+                    more = not full  # behind the ones parked, or not parked: the window moved
                 if wake is not None and wake <= now:
                     row = await _one(conn, q_release, {"queue": queue, "now": now})
                     if row is not None:
                         wake = row[1]
-                        more = more or row[0] > 0
+                        more = more or (not full and row[0] > 0)
                 if wake is not None and wake > now and (rate_next is None or wake < rate_next):
                     rate_next = wake
                 if len(jobs) >= limit or not more:
@@ -1534,21 +1529,20 @@ _PROMOTE_AT_ONCE = 1000
 """A claim looks at (and makes `available`) at most this many scheduled/retryable jobs that
 came due, oldest first (see the claim statement)."""
 
-_PARK_AT_ONCE = 1000
-"""A claim reads at most this many jobs more than it was asked for, passing over (and parking)
-those of full keys (see the claim statement): a key's backlog is parked over several claims,
-each a bounded statement, never in one that writes all of it."""
+_CLAIM_ORDER = "priority DESC, run_at, id"
+"""Claim order: every due job starts by priority (highest first), then run_at, then enqueue
+order (its id)."""
 
 _CLAIM_LOOKS = 4
-"""Claim statements (each with its `claim_held`) one claim runs at most, when the limits refused
-jobs it picked: each look passes over the keys the looks before it filled."""
+"""Claim statements one claim runs at most, when the limits refused jobs it picked: each look
+passes over the keys the looks before it filled."""
 
 _KEY_FREE = (
     "(SELECT count(*) FROM {{s}}.jobs r WHERE r.state = 'running' AND r.concurrency_key = {t}.concurrency_key)"
     " < coalesce({t}.max_concurrent, 1)"
 )
 """A keyed job's key is below the job's limit, as the statement's snapshot sees it: the claim's
-scan passes over the others and parks them (a hint, read without the key's lock: `claim_held`
+scan passes over the others and parks them (a hint, read without the key's lock: `claim_picked`
 decides what starts, and the park takes its own locks)."""
 
 _UNPARK_FREED = (
@@ -1567,7 +1561,7 @@ _RATE_FREE = (
 )
 """A rate-keyed job's key has a slot open now, as the statement's snapshot sees it (migration
 0010): the claim's scan passes over the others (a hint, read without the key's lock:
-`claim_held` decides)."""
+`claim_picked` decides)."""
 
 _RATE_OPEN = (
     "(" + _RATE_FREE + " AND NOT EXISTS (SELECT 1 FROM {{s}}.rate_wakes x WHERE x.queue = %(queue)s"
@@ -1583,61 +1577,75 @@ _KEEP_ERRORS = f"'$[last-{MAX_ERRORS_KEPT - 1} to last]'"
 
 def _claim_sql(*, limited: bool) -> str:
     """The claim statement (see the comment above `_QUERIES["claim"]`): without a global limit
-    the picked jobs with no key are claimed here and the keyed ones held for `claim_held`; with
-    one, every picked job is held."""
-    direct = (
-        " direct AS (SELECT id FROM pick WHERE false),"
-        if limited
-        else " direct AS (SELECT id FROM pick WHERE concurrency_key IS NULL AND rate_key IS NULL),"
-    )
-    held = (
-        "  ARRAY(SELECT id FROM pick)"
-        if limited
-        else "  ARRAY(SELECT id FROM pick WHERE concurrency_key IS NOT NULL OR rate_key IS NOT NULL)"
-    )
+    the picked jobs with no key are claimed by the statement's own update and the others by
+    `claim_picked`; with one, every picked job goes to `claim_picked`."""
+    held = "true" if limited else "concurrency_key IS NOT NULL OR rate_key IS NOT NULL"
+    cols = "id, priority, run_at, concurrency_key, max_concurrent, rate_key, rate_limit, rate_per"
     return (
-        "WITH due AS (SELECT id, priority, run_at, concurrency_key, max_concurrent, rate_key, rate_limit, rate_per"
+        "WITH due AS (SELECT " + cols + ""
         "  FROM {s}.jobs WHERE queue = %(queue)s"
         "  AND state IN ('scheduled', 'retryable') AND run_at <= %(now)s"
         "  ORDER BY run_at, id LIMIT " + str(_PROMOTE_AT_ONCE) + " FOR UPDATE SKIP LOCKED),"
-        " scan AS (SELECT * FROM (SELECT id, priority, run_at, concurrency_key, max_concurrent, rate_key, kfree, rfree,"
-        "   kfree AND rfree AS free, count(*) FILTER (WHERE kfree AND rfree) OVER w AS n, row_number() OVER w AS r"
-        "  FROM (SELECT id, priority, run_at, concurrency_key, max_concurrent, rate_key,"
+        " scan AS (SELECT * FROM (SELECT " + cols + ", kfree, rfree, kfree AND rfree AS free,"
+        "   count(*) FILTER (WHERE kfree AND rfree) OVER w AS n, row_number() OVER w AS r"
+        "  FROM (SELECT " + cols + ","
         "    (a.concurrency_key IS NULL OR " + _KEY_FREE.format(t="a") + ") AS kfree,"
         "    (a.rate_key IS NULL OR " + _RATE_OPEN.format(t="a") + ") AS rfree"
         "   FROM {s}.jobs a WHERE queue = %(queue)s AND state = 'available' AND NOT parked AND run_at <= %(now)s"
-        "   ORDER BY priority DESC, run_at, id FOR UPDATE SKIP LOCKED) o WINDOW w AS (ROWS UNBOUNDED PRECEDING)) c"
-        "  WHERE n <= %(limit)s AND r <= %(limit)s + " + str(_PARK_AT_ONCE) + "),"
-        " avail AS (SELECT id, priority, run_at, concurrency_key, rate_key FROM scan WHERE free),"
+        "   ORDER BY " + _CLAIM_ORDER + " FOR UPDATE SKIP LOCKED) o WINDOW w AS (ROWS UNBOUNDED PRECEDING)) c"
+        "  WHERE n <= %(limit)s AND r <= %(limit)s + " + str(PARK_AT_ONCE) + "),"
         " passed AS (SELECT id, concurrency_key, coalesce(max_concurrent, 1) AS most FROM scan WHERE NOT kfree),"
         " full_keys AS (SELECT concurrency_key, count(*) AS n FROM (SELECT r.concurrency_key FROM {s}.jobs r"
         "   WHERE r.state = 'running' AND r.concurrency_key = ANY(ARRAY(SELECT DISTINCT concurrency_key FROM passed))"
         "   FOR SHARE OF r SKIP LOCKED) k GROUP BY concurrency_key),"
         " parked AS (UPDATE {s}.jobs SET parked = true, rate_wait = false WHERE id = ANY(ARRAY(SELECT p.id FROM passed p"
         "   JOIN full_keys f ON f.concurrency_key = p.concurrency_key WHERE f.n >= p.most)) RETURNING 1),"
-        " pick AS (SELECT id, concurrency_key, rate_key FROM (SELECT * FROM avail UNION ALL"
-        "  SELECT id, priority, run_at, concurrency_key, rate_key FROM due d"
+        " pick AS (SELECT * FROM (SELECT " + cols + " FROM scan WHERE free UNION ALL"
+        "  SELECT " + cols + " FROM due d"
         "   WHERE (d.concurrency_key IS NULL OR " + _KEY_FREE.format(t="d") + ")"
         "   AND (d.rate_key IS NULL OR " + _RATE_OPEN.format(t="d") + ")) c"
-        "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s),"
-        + direct
-        + " promoted AS (UPDATE {s}.jobs SET state = 'available'"
+        "  ORDER BY " + _CLAIM_ORDER + " LIMIT %(limit)s),"
+        " direct AS (SELECT id FROM pick WHERE NOT (" + held + ")),"
+        " promoted AS (UPDATE {s}.jobs SET state = 'available'"
         "  WHERE id = ANY(ARRAY(SELECT id FROM due EXCEPT SELECT id FROM direct)) RETURNING 1),"
         " claimed AS ("
         " UPDATE {s}.jobs SET state = 'running', attempt = attempt + 1, attempted_at = %(now)s,"
         "  heartbeat_at = %(now)s"
         " WHERE id = ANY(ARRAY(SELECT id FROM direct))"
-        " RETURNING id, kind, queue, args, attempt, max_attempts, priority, run_at)"
-        " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, NULL::bigint[], NULL::bigint,"
-        "  NULL::bigint[], NULL::float8 FROM claimed"
+        " RETURNING id, kind, queue, args, attempt, max_attempts, priority, run_at),"
+        # The picked jobs under a limit, in claim order, with their keys and limits.
+        " hold AS (SELECT array_agg(id ORDER BY " + _CLAIM_ORDER + ") AS ids,"
+        "  array_agg(concurrency_key ORDER BY " + _CLAIM_ORDER + ") AS keys,"
+        "  array_agg(coalesce(max_concurrent, 1) ORDER BY " + _CLAIM_ORDER + ") AS most,"
+        "  array_agg(rate_key ORDER BY " + _CLAIM_ORDER + ") AS rkeys,"
+        "  array_agg(coalesce(rate_limit, 1) ORDER BY " + _CLAIM_ORDER + ") AS rlimits,"
+        "  array_agg(rate_per ORDER BY " + _CLAIM_ORDER + ") AS rpers"
+        "  FROM pick WHERE " + held + "),"
+        # ... claimed by `claim_picked` (migration 0013) under the limits' locks, in this
+        # statement and after every write above: the one-time filter's counts run those writes
+        # to completion first, so the function, whose statements each take a new snapshot that
+        # sees them, never updates a row a CTE has still to write. The picked rows stay locked
+        # by this statement's scans until the commit: nobody else can claim or change them.
+        " held AS (SELECT * FROM {s}.claim_picked((SELECT ids FROM hold), (SELECT keys FROM hold),"
+        "   (SELECT most FROM hold), (SELECT rkeys FROM hold), (SELECT rlimits FROM hold), (SELECT rpers FROM hold),"
+        "   %(queue)s::text, (%(limit)s - (SELECT count(*) FROM claimed))::int, "
+        + ("%(max_running)s::int" if limited else "NULL::int")
+        + ", %(now)s::float8)"
+        "  WHERE (SELECT ids FROM hold) IS NOT NULL AND (SELECT count(*) FROM promoted) >= 0"
+        "   AND (SELECT count(*) FROM parked) >= 0 AND (SELECT count(*) FROM claimed) >= 0)"
+        " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, NULL::int, NULL::int, NULL::bigint,"
+        "  NULL::float8, NULL::bigint[], NULL::float8 FROM claimed"
+        " UNION ALL"
+        " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, NULL, NULL, NULL, NULL, NULL, NULL"
+        "  FROM held WHERE id IS NOT NULL"
         " UNION ALL"
         " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
         "  (SELECT min(run_at) FROM {s}.jobs WHERE queue = %(queue)s"
         "   AND state IN ('scheduled', 'retryable') AND run_at > %(now)s),"
-        + held
-        + ", (SELECT count(*) FROM parked),"
-        # The jobs passed over for their rate, for `rate_park` (migration 0014), and the
-        # queue's earliest rate wake time.
+        "  coalesce(cardinality((SELECT ids FROM hold)), 0), (SELECT count(*) FROM held WHERE id IS NOT NULL)::int,"
+        "  (SELECT count(*) FROM parked), (SELECT min(run_at) FROM held WHERE id IS NULL),"
+        # The jobs the scan passed over for their rate, for `rate_park` (migration 0014), and
+        # the queue's earliest rate wake time, for `rate_release` once it has come.
         "  ARRAY(SELECT id FROM scan WHERE NOT rfree UNION ALL SELECT id FROM due d"
         "   WHERE d.rate_key IS NOT NULL AND NOT " + _RATE_OPEN.format(t="d") + "),"
         "  (SELECT min(wake) FROM {s}.rate_wakes WHERE queue = %(queue)s)"
@@ -1749,12 +1757,14 @@ _QUERIES: dict[str, sql.SQL] = {
     # against a full scan of the primary key, ~0.3 s per claim once 10,000 jobs had arrived.
     # Concurrency keys (migration 0006): both scans pass over a keyed job whose key is at its
     # limit as this statement's snapshot sees it (`_KEY_FREE`, a probe of `jobs_running_key`), so
-    # a busy key holds back nothing behind it; keyed jobs picked are not claimed here but held
-    # (the last row's array) for `claim_held`, which decides under the keys' locks.
+    # a busy key holds back nothing behind it; keyed jobs picked are not claimed by the
+    # statement's own update but by `claim_picked` (migration 0013), called at its end, which
+    # decides under the keys' locks (`transitions.admit_rated`, restated in SQL there): a claim
+    # is one round trip with limits or without.
     # Parked jobs (migration 0011): `jobs_available` leaves parked rows out, and the scan of
     # available rows reads them with their `_KEY_FREE` as a column, counting the free ones (a
     # window whose run condition stops the index scan after `limit` free rows, or after
-    # `_PARK_AT_ONCE` more rows). The keyed rows it passed over are parked, each only if the
+    # `PARK_AT_ONCE` more rows). The keyed rows it passed over are parked, each only if the
     # statement holds share locks (SKIP LOCKED) on at least its limit of its key's running rows:
     # a row leaving `running` waits for those locks, then unparks in a snapshot of its own
     # (`_UNPARK_FREED`). The last row carries how many were parked: the claim looks again
@@ -1762,17 +1772,15 @@ _QUERIES: dict[str, sql.SQL] = {
     # Rate keys (migration 0014): the scan reads a rate-keyed row with its verdict as a column
     # (`_RATE_OPEN`, so the window's bound counts it), and the last row carries the ids it
     # passed over for their rate, for `rate_park`, and the queue's earliest rate wake time,
-    # which the claim passes to `rate_release` once it has come.
+    # which the claim passes to `rate_release` once it has come: one round trip more for each,
+    # and only when there is something to park or a wake time has come. A picked job that
+    # `claim_picked` refuses for its rate (under the key's lock, several of one key in one
+    # pick) is parked by `claim_picked` itself, through `rate_park`, in the same statement; its
+    # slot comes back in the last row with the others'.
     "claim": sql.SQL(_claim_sql(limited=False)),
-    # Under a queue's global limit: every job picked is held for `claim_held`, which counts the
+    # Under a queue's global limit: every job picked goes to `claim_picked`, which counts the
     # queue's running jobs under the queue's lock.
     "claim_limited": sql.SQL(_claim_sql(limited=True)),
-    # The jobs the claim held back for the limits (keyed, or all under a global limit), claimed
-    # under the limits' locks (migration 0006).
-    "claim_held": sql.SQL(
-        "SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, lost"
-        " FROM {s}.claim_held(%(ids)s::bigint[], %(queue)s::text, %(want)s::int, %(max_running)s::int, %(now)s::float8)"
-    ),
     # Jobs a claim passed over for their rate, parked under their keys' locks; and a queue's
     # rate keys whose wake time came, brought back as far as their windows admit (migration 0014).
     "rate_park": sql.SQL("SELECT {s}.rate_park(%(ids)s::bigint[], %(queue)s::text, %(now)s::float8)"),

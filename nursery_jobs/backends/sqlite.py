@@ -69,8 +69,8 @@ from .protocol import (
     ScheduleState,
 )
 from .transitions import (
-    CancelAction, admit_rated, after_outcome, after_rescue, check_room, on_cancel, parked_can_start, rate_log,
-    rate_release, rate_slot, unparks,
+    PARK_AT_ONCE, CancelAction, admit_rated, after_outcome, after_rescue, check_room, on_cancel, parked_can_start,
+    rate_log, rate_release, rate_slot, unparks,
 )  # fmt: skip
 from .rows import (
     SET_ASIDE_COLUMNS,
@@ -186,10 +186,6 @@ _KEY_INDEXES = (
 _PENDING = "('available', 'scheduled', 'retryable')"
 _NO_LIMIT = 2**31
 """A limit no key reaches: a parked row whose rate cannot be read comes back at once."""
-_PARK_AT_ONCE = 1000
-"""A claim reads at most this many due jobs beyond the number it was asked for, parking those
-of full keys and those refused for their rate: a large backlog is parked over several claims,
-each a bounded transaction."""
 _IDS_PER_STATEMENT = 500
 _COUNT_PENDING = (
     "SELECT count(*) FROM (SELECT 1 FROM nj_jobs INDEXED BY nj_jobs_due WHERE queue = ?"
@@ -1079,7 +1075,7 @@ class SqliteBackend:
             # wake time in the queue kept at its next slot; first of all, the keys whose wake
             # time has come bring back as many parked jobs as their window admits
             # (`_rate_wake_release`), so the claim weighs them in claim order. At most
-            # `_PARK_AT_ONCE` are read beyond `limit`. SQLite has one writer, and this runs
+            # `PARK_AT_ONCE` are read beyond `limit`. SQLite has one writer, and this runs
             # under its write lock (BEGIN IMMEDIATE): the counts are exact.
             starts = _RateStarts(conn)
             _rate_wake_release(conn, queue, now, starts)
@@ -1110,7 +1106,7 @@ class SqliteBackend:
                     yield *seen[i][1:], *(rates[i] or (None, None, None))
 
             running = _RunningByKey(conn)
-            due = read_due(limit + _PARK_AT_ONCE)
+            due = read_due(limit + PARK_AT_ONCE)
             verdict = admit_rated(
                 candidates(due), running, starts, want=limit, now=now, queue_running=queue_running, max_running=max_running
             )

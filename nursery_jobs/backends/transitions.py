@@ -20,7 +20,7 @@ decided here, once:
 - `admit` says which due jobs a claim may start under the per-key and per-queue limits: the
   one decision "may this job start", which every backend takes inside its claim (memory and
   SQLite call it on the candidates in claim order; PostgreSQL runs the same rule as SQL under
-  per-key locks, `pg_migrations/0006_concurrency_keys.sql`). A job's slot is its `running`
+  per-key locks, `claim_picked` in `pg_migrations/0013_claim_in_one_statement.sql`). A job's slot is its `running`
   row: there is no other record to free, so a job that leaves `running` by any transition
   above (an outcome, a rescue) frees it in the same write.
 - `unparks` and `parked_can_start` say when a key's *parked* jobs come back. A due job that a
@@ -36,7 +36,7 @@ decided here, once:
   starts, and if not when its next slot comes; `admit_rated` applies it with the concurrency
   limits, `rate_log` says what a key's record becomes after a claim (its starts of the last
   window, at most `cap`), and `rate_idle` when the record may go. PostgreSQL runs the same rule
-  in `claim_held` (migration 0010, `rate_slot` and `rate_record` there).
+  in `claim_picked` (migration 0013; `rate_slot` and `rate_record` from migration 0010).
 - `rate_release` says how many of a key's jobs parked for its rate come back when its next slot
   comes. A due job refused for its rate is parked too (on SQLite and PostgreSQL a flag that
   keeps it out of the claim's index, and the key's wake time in the queue), so a key over its
@@ -72,6 +72,7 @@ __all__ = [
     "Next",
     "OUTCOME_TABLE",
     "OutcomeKind",
+    "PARK_AT_ONCE",
     "PENDING",
     "Rule",
     "Admission",
@@ -368,6 +369,13 @@ def unparks(before: JobState, after: JobState, *, parked: bool = False) -> int:
     if before is JobState.AVAILABLE and not parked and after is JobState.CANCELLED:
         return 1
     return 0
+
+
+PARK_AT_ONCE = 1000
+"""A claim reads at most this many due jobs beyond the number it was asked for, passing over
+(and parking) those of full keys and those refused for their rate: a large backlog is parked
+over several claims, each a bounded statement or transaction, never in one that writes all of
+it."""
 
 
 def parked_can_start(running: int, limit: int | None) -> bool:

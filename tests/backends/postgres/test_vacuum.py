@@ -52,6 +52,7 @@ def test_migrate_sets_the_jobs_tables_autovacuum_thresholds_on_a_version_4_schem
         conn.execute(f'DROP TABLE "{schema}".rate_wakes')  # back before version 14
         conn.execute(f'DROP FUNCTION "{schema}".rate_park, "{schema}".rate_release')
         conn.execute(f'ALTER TABLE "{schema}".jobs DROP COLUMN rate_wait')
+        conn.execute(f'DROP FUNCTION "{schema}".claim_picked, "{schema}".lock_keys')  # back before version 13
         conn.execute(f'DROP FUNCTION "{schema}".unpark_keys, "{schema}".repair_parked')  # back before version 11
         conn.execute(f'ALTER TABLE "{schema}".jobs DROP COLUMN parked')  # (and the indexes that use it)
         conn.execute(
@@ -80,7 +81,7 @@ def test_migrate_sets_the_jobs_tables_autovacuum_thresholds_on_a_version_4_schem
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout == f"schema '{schema}': applied 0005_less_bloat.sql, 0006_concurrency_keys.sql, 0008_schedules_and_locks.sql, 0009_outbox.sql, 0010_rate_limits.sql, 0011_parked_keys.sql, 0012_parked_counted.sql, 0014_rate_parking.sql\n"
+    assert done.stdout == f"schema '{schema}': applied 0005_less_bloat.sql, 0006_concurrency_keys.sql, 0008_schedules_and_locks.sql, 0009_outbox.sql, 0010_rate_limits.sql, 0011_parked_keys.sql, 0012_parked_counted.sql, 0013_claim_in_one_statement.sql, 0014_rate_parking.sql\n"
     with psycopg.connect(pg_url, autocommit=True) as conn:
         assert _reloptions(conn, schema) == EXPECTED
         assert schema_version(conn, schema) == 14
