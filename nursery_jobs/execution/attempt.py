@@ -313,12 +313,23 @@ def decide(
         # Which scope fired decides, even if the handler swallowed the Cancelled and returned:
         # a timed-out attempt is a timeout, a shutdown-cut one is given back.
         reason = attempt.reason
-        if reason == "cancel":
-            return Outcome(job.id, job.attempt, OutcomeKind.CANCELLED)
-        if reason == "shutdown" or reason == "lost":
-            return Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED)
+        if reason in ("cancel", "shutdown", "lost"):
+            if error is not None:  # a child failed in its cleanup (`split_cut`): logged, as the outcome is no failure
+                log.warning(
+                    "job %d (%s, queue %s) attempt %d was cut (%s); in its cleanup: %s",
+                    job.id, job.kind, job.queue, job.attempt, reason, clean_text(describe_exception(error)),
+                    extra={"event": "cleanup_failed", "job_id": job.id, "attempt": job.attempt},
+                )  # fmt: skip
+            kind = OutcomeKind.CANCELLED if reason == "cancel" else OutcomeKind.INTERRUPTED
+            return Outcome(job.id, job.attempt, kind)
         timeout = runner.timeout if runner.timeout is not None else math.inf
-        return _failure(job, runner, f"timed out after {timeout:g} s", None, now, rng)
+        message = f"timed out after {timeout:g} s"
+        if error is None:
+            return _failure(job, runner, message, None, now, rng)
+        # A child failed in its cleanup while the timeout cancelled it (`split_cut`): the
+        # failure is this attempt's too, and shown with the timeout.
+        message += f"; then, in the cleanup: {describe_exception(error)}"
+        return _failure(job, runner, clean_text(message), format_traceback(error), now, rng)
     if error is None:
         return Outcome(job.id, job.attempt, OutcomeKind.COMPLETED)
     if isinstance(error, Snooze):
@@ -326,6 +337,26 @@ def decide(
     if isinstance(error, Discard):
         return Outcome(job.id, job.attempt, OutcomeKind.DISCARD, None, JobError(job.attempt, now, clean_text(error.reason)))
     return _failure(job, runner, clean_text(describe_exception(error)), format_traceback(error), now, rng)
+
+
+def split_cut(exc: BaseException) -> tuple[BaseException, Exception] | None:
+    """What a handler lets out when children fail in their cleanup while its attempt is being
+    cancelled (a timeout, a cancel, a shutdown): one group of the children's cancellations and
+    those errors. Split in two: the cancellations, which go on (the attempt's scope takes its
+    own), and the errors, which are the job's and no one else's; left whole, the group's errors
+    would pass through the scope and end the worker and the runtime. None for anything else."""
+    if isinstance(exc, BaseExceptionGroup):
+        cancelled, failed = exc.split(trio.Cancelled)
+        if cancelled is not None and isinstance(failed, Exception):
+            return cancelled, failed
+    return None
+
+
+def only_cancelled(exc: BaseException) -> bool:
+    """`exc` is a cancellation, alone or as a group of them (a handler's children cancelled)."""
+    if isinstance(exc, trio.Cancelled):
+        return True
+    return isinstance(exc, BaseExceptionGroup) and exc.split(trio.Cancelled)[1] is None
 
 
 NOT_HANDLED = "the batch handler returned this job as not handled"

@@ -81,7 +81,18 @@ from ..infra.owner import open_children, open_owner
 from ..infra.sync import Mailbox, Wakeup
 from ..app import BatchKind
 from ..jobs import BatchContext, BatchJob, Discard, JobContext, JobError, clean_text, decode_args
-from .attempt import Attempt, AttemptRegistry, Batch, KindRunner, decide, decide_batch, process_exit, report_failure
+from .attempt import (
+    Attempt,
+    AttemptRegistry,
+    Batch,
+    KindRunner,
+    decide,
+    decide_batch,
+    only_cancelled,
+    process_exit,
+    report_failure,
+    split_cut,
+)
 from .completer import Completer
 
 log = logging.getLogger("nursery_jobs")
@@ -527,15 +538,19 @@ class QueueExecutor:
                                     error = exc
                                 except BaseException as exc:
                                     if process_exit(exc) is None:
-                                        raise  # Cancelled (ours is caught by the scope), GeneratorExit
+                                        cut = split_cut(exc)
+                                        if cut is None:
+                                            raise  # Cancelled (ours is caught by the scope), GeneratorExit
+                                        error = cut[1]  # children failed in their cleanup: this job's error
+                                        raise cut[0] from None  # and the cancellation goes on
                                     error = exc  # sys.exit() or KeyboardInterrupt in the handler
                                 finally:
                                     current_job_id.reset(token)
                                     attempts.end(attempt)
-                                ended = clock()
-                                if prefetch:
-                                    self._ended += 1
-                                    self._busy += ended - started
+                                    ended = clock()
+                                    if prefetch:  # every attempt counts, a cut one too (`_ahead`)
+                                        self._ended += 1
+                                        self._busy += ended - started
                                 if error is not None or attempt.reason is not None or ended >= deadline:
                                     break  # cut by its reason or its deadline, or raised: decided below
                                 attempt.scope = None  # ended: a late cancel of it cuts nothing
@@ -568,8 +583,8 @@ class QueueExecutor:
                                 break  # leave the scope: the attempt is decided once it has exited
                             if deadline != math.inf:
                                 scope.deadline = math.inf  # no attempt's deadline may fire while the worker waits
-                except trio.Cancelled:
-                    if running:
+                except BaseException as exc:
+                    if running and only_cancelled(exc):
                         assert job is not None
                         # Not our scope: the whole runtime is being torn down from outside. The
                         # attempt is given back, as in a shutdown, and the cancellation goes on.
@@ -761,11 +776,16 @@ class QueueExecutor:
                     error = exc
                 except BaseException as exc:
                     if process_exit(exc) is None:
-                        raise
+                        cut = split_cut(exc)
+                        if cut is None:
+                            raise
+                        error = cut[1]  # children failed in their cleanup: the batch's error
+                        raise cut[0] from None  # and the cancellation goes on
                     error = exc
-        except trio.Cancelled:
-            for member in running:  # not our scope: torn down from outside, every attempt given back
-                self._push(Outcome(member.job.id, member.job.attempt, OutcomeKind.INTERRUPTED))
+        except BaseException as exc:
+            if only_cancelled(exc):
+                for member in running:  # not our scope: torn down from outside, every attempt given back
+                    self._push(Outcome(member.job.id, member.job.attempt, OutcomeKind.INTERRUPTED))
             raise
         finally:
             current_job_id.reset(token)
