@@ -17,6 +17,13 @@ What it measures, per backend (PostgreSQL; SQLite and memory beside it):
    once with job n keyed ``r<n % 1000>`` under `Rate(100_000, per=1)` (never reached). Rounds
    alternate the sides on freshly filled tables; the figure is the median of the per-round
    ratios rate-keyed / unlimited.
+3. **Behind a key over its rate** (``--behind``, or with the default run): `backlog` due jobs of
+   one key under `Rate(10, per=60)`, first in claim order, so the key is over its rate after its
+   first claim and stays so. (a) Latency: probes enqueued one at a time, alternately a job with a
+   new rate key and one with none, ``perf_counter`` before ``enqueue`` to the handler's start,
+   p50 and p99. (b) Drain: `behind_jobs` unlimited jobs enqueued behind the backlog, jobs per
+   second of those from the first start to the last. Each against the same run with no backlog
+   (the same probes; the same unlimited jobs alone), in the same process.
 
 Usage (PostgreSQL on 127.0.0.1:5432, or the admin URL in NJ_BENCH_PG_URL; the script creates
 and drops its own database):
@@ -45,10 +52,10 @@ import nursery_jobs as nj
 
 try:  # imported as `benchmarks.rate_limits`
     from .per_backend import JOB_COLUMNS, add_backend_options, backlog, measure_each_backend, sizes_from
-    from .pg_common import PgUnavailable, render_table
+    from .pg_common import PgUnavailable, percentile, render_table
 except ImportError:  # run as a script: benchmarks/ is sys.path[0]
     from per_backend import JOB_COLUMNS, add_backend_options, backlog, measure_each_backend, sizes_from  # type: ignore[no-redef]
-    from pg_common import PgUnavailable, render_table  # type: ignore[no-redef]
+    from pg_common import PgUnavailable, percentile, render_table  # type: ignore[no-redef]
 
 QUEUE = "bench"
 SCHEMA = "rated"
@@ -72,15 +79,26 @@ class Sizes:
     workers: int = 32
     rounds: int = 4
     backends: tuple[str, ...] = ("postgres", "sqlite", "memory")
+    backlog: int = 20_000
+    """Due jobs of the one key over its rate, ahead of everything, in the "behind" runs."""
+    backlog_limit: int = 10
+    backlog_per: float = 60.0
+    probes: int = 200
+    behind_jobs: int = 2_000
+    """Unlimited jobs drained behind the backlog."""
 
 
-QUICK = Sizes(keys=2, per_key=30, limit=10, per=0.5, unlimited=50, jobs=300, measured=100, throughput_keys=10, workers=8, rounds=1)
+QUICK = Sizes(
+    keys=2, per_key=30, limit=10, per=0.5, unlimited=50, jobs=300, measured=100, throughput_keys=10, workers=8, rounds=1,
+    backlog=300, probes=10, behind_jobs=100,
+)  # fmt: skip
 
 
 class Box:
     """Shared by a run's handlers and its main (one Trio thread)."""
 
     def __init__(self, target: int, counted: str | None) -> None:
+        self.started: dict[int, float] = {}
         self.target = target
         self.counted = counted
         self.count = 0
@@ -93,8 +111,9 @@ def build_app(workers: int, box: list[Box], s: Sizes) -> nj.App:
     app = nj.App()
     app.queue(QUEUE, max_workers=workers, timeout=60)
 
-    def count(kind: str) -> None:
+    def count(kind: str, job_id: int) -> None:
         b = box[0]
+        b.started[job_id] = time.perf_counter()
         if b.counted is not None and kind != b.counted:
             return
         b.count += 1
@@ -106,12 +125,12 @@ def build_app(workers: int, box: list[Box], s: Sizes) -> nj.App:
 
     @app.job(queue=QUEUE, name="plain")
     async def plain(ctx: nj.JobContext, n: int = 0) -> None:
-        count("plain")
+        count("plain", ctx.id)
         await trio.lowlevel.checkpoint()
 
     @app.job(queue=QUEUE, name="rated", rate=nj.Rate(s.limit, per=s.per), rate_key=lambda args: args["key"])
     async def rated(ctx: nj.JobContext, key: str, n: int = 0) -> None:
-        count("rated")
+        count("rated", ctx.id)
         await trio.lowlevel.checkpoint()
 
     return app
@@ -213,6 +232,72 @@ def window_figures(starts: list[float], limit: int, per: float) -> tuple[float, 
     return statistics.mean(counts), max(counts), worst, used
 
 
+# -- behind a key over its rate --
+
+
+def behind_rows(s: Sizes, *, backlog: bool, plain: int) -> list[tuple[str, str | None, int | None, float | None]]:
+    """The slow key's backlog (if `backlog`), then `plain` unlimited jobs, in claim order."""
+    slow = [("rated", "slow", s.backlog_limit, s.backlog_per)] * (s.backlog if backlog else 0)
+    return [*slow, *(("plain", None, None, None) for _ in range(plain))]
+
+
+def behind(backend: str, target: str, s: Sizes, *, with_backlog: bool) -> tuple[list[float], list[float], float]:
+    """(enqueue -> start of the rate-keyed probes, of the unlimited probes, seconds; unlimited
+    jobs per second drained behind the backlog), with or without the slow key's backlog."""
+    gc.collect()
+    box = [Box(s.behind_jobs, "plain")]
+    app = build_app(s.workers, box, s)
+    rows = behind_rows(s, backlog=with_backlog, plain=s.behind_jobs)
+    where = backlog(backend, target, SCHEMA, RATE_COLUMNS, table_rows(rows))
+
+    async def main(rt: nj.Runtime) -> tuple[list[float], list[float], float]:
+        b = box[0]
+        with trio.fail_after(600):
+            await b.done.wait()  # the drain: the unlimited jobs behind the backlog
+        rate = s.behind_jobs / max(b.last - b.first, 1e-9)
+        b.counted = "none"
+        keyed: list[float] = []
+        plain: list[float] = []
+        for i in range(s.probes + 4):
+            await trio.sleep(0.005)
+            t0 = time.perf_counter()
+            job_id = await (rt.enqueue("rated", {"key": f"probe{i}"}) if i % 2 else rt.enqueue("plain"))
+            receipt = await rt.wait(job_id, timeout=30.0)
+            if not receipt.done:
+                raise RuntimeError(f"probe {job_id} did not finish within 30 s")
+            if i >= 4:  # the first ones warm the connections
+                (keyed if i % 2 else plain).append(b.started.pop(job_id) - t0)
+        return keyed, plain, rate
+
+    result: tuple[list[float], list[float], float] = nj.run(main, app=app, backend=where, grace=0.0)
+    return result
+
+
+def ms(values: list[float]) -> str:
+    return f"p50 {percentile(values, 50) * 1e3:.2f} / p99 {percentile(values, 99) * 1e3:.2f} ms"
+
+
+def measure_behind(backend: str, target: str, s: Sizes, log: Callable[[str], None]) -> list[list[str]]:
+    got: dict[bool, list[tuple[list[float], list[float], float]]] = {False: [], True: []}
+    for r in range(s.rounds):
+        for side in ((True, False) if r % 2 else (False, True)):  # alternate which runs first
+            got[side].append(behind(backend, target, s, with_backlog=side))
+            k, p, rate = got[side][-1]
+            log(f"  {backend} behind round {r + 1} backlog={side}: rated {ms(k)}, plain {ms(p)}, drain {rate:,.0f}/s")
+    out: list[list[str]] = []
+    for side in (False, True):
+        keyed = [v for k, _, _ in got[side] for v in k]
+        plain = [v for _, p, _ in got[side] for v in p]
+        rates = [rate for _, _, rate in got[side]]
+        out.append([backend, f"{s.backlog:,} at {s.backlog_limit} per {s.backlog_per:g} s" if side else "none",
+                    ms(keyed), ms(plain), f"{statistics.median(rates):,.0f}"])  # fmt: skip
+    ratios = [a[2] / b[2] for a, b in zip(got[True], got[False])]
+    p99 = percentile([v for k, p, _ in got[True] for v in k + p], 99) / percentile([v for k, p, _ in got[False] for v in k + p], 99)
+    out[-1].append(f"p99 x{p99:.1f}, drain x{statistics.median(ratios):.2f}")
+    out[0].append("")
+    return out
+
+
 # -- the run --
 
 
@@ -246,21 +331,33 @@ def measure(backend: str, target: str, s: Sizes, log: Callable[[str], None]) -> 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_backend_options(parser, "throughput rounds (default 4)")
-    s = sizes_from(parser.parse_args(argv), Sizes(), QUICK)
+    parser.add_argument("--behind", action="store_true", help="only the runs behind a key over its rate")
+    args = parser.parse_args(argv)
+    s = sizes_from(args, Sizes(), QUICK)
     print(
         f"rate limits: accuracy {s.keys} keys x {s.per_key} jobs at {s.limit} per {s.per:g} s before {s.unlimited:,}"
         f" unlimited; throughput {s.jobs:,} pre-filled over {s.throughput_keys:,} keys; {s.workers} workers"
     )
     started = time.perf_counter()
+    behind_table: list[list[str]] = []
+
+    def both(backend: str, target: str) -> list[list[str]]:
+        behind_table.extend(measure_behind(backend, target, s, print))
+        return [] if args.behind else measure(backend, target, s, print)
+
     try:
-        rows = measure_each_backend(s.backends, "rated", lambda backend, target: measure(backend, target, s, print))
+        rows = measure_each_backend(s.backends, "rated", both)
     except PgUnavailable as exc:
         print(exc, file=sys.stderr)
         return 2
     header = ["backend", "rate", "starts per window (mean / max)", "worst window", "used",
               "rate-keyed jobs/s", "unlimited jobs/s", "ratio"]  # fmt: skip
     print()
-    print(render_table([header, *rows]))
+    if rows:
+        print(render_table([header, *rows]))
+    behind_header = ["backend", "backlog over its rate", "rate-keyed probe start", "unlimited probe start",
+                     "unlimited drained behind, jobs/s", "with / without"]  # fmt: skip
+    print(render_table([behind_header, *behind_table]))
     print(f"\n({time.perf_counter() - started:.0f} s)")
     return 0
 

@@ -338,7 +338,7 @@ class JobContext:
         Lets cleanup code tell a redeploy from a timeout without reading clocks.
         """
         reason: str | None = self._attempt.reason
-        if reason is None and self._attempt.scope.cancel_called:
+        if reason is None and self._attempt.cancel_called:
             return "timeout"
         return reason
 
@@ -432,7 +432,7 @@ class BatchContext:
         "cancel" / "lost" when every job of the batch was cancelled or lost; None while it is
         not. A cancel of some of the jobs does not cancel the batch (`BatchJob.cancel_requested`)."""
         reason: str | None = self._batch.reason
-        if reason is None and self._batch.scope.cancel_called:
+        if reason is None and self._batch.cancel_called:
             return "timeout"
         return reason
 

@@ -37,7 +37,7 @@ import itertools
 import math
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Mapping, Sequence
+from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
 
 import trio
 
@@ -46,7 +46,7 @@ from ..jobs import MAX_ERRORS_KEPT, Job, JobError, JobState, decode_args
 from .rows import rescue_message
 from .transitions import (
     PENDING, CancelAction, admit, admit_rated, after_outcome, after_rescue, check_room, on_cancel, rate_idle, rate_log,
-    rate_slot, unparks,
+    rate_release, unparks,
 )  # fmt: skip
 from .protocol import (
     BackendEvent,
@@ -641,22 +641,28 @@ class MemoryBackend:
         heap = q.rate_parked.get(rkey)
         log = self._rates.get(rkey)
         rows = self._rows
-        back = 0
-        while heap:
-            entry = heap[0]
-            row = rows.get(entry[2])
-            if row is None or row.version != entry[3]:
-                heapq.heappop(heap)  # claimed, cancelled or deleted since
-                continue
-            wait = rate_slot(log.starts if log else (), row.rlimit, row.rper, now, back)
-            if wait is not None:  # the open slots are taken: wait for the next one
-                armed = q.rate_armed.get(rkey)
-                if armed is None or wait < armed:
-                    q.rate_armed[rkey] = wait
-                    heapq.heappush(q.rate_wake, (wait, rkey))
-                break
-            heapq.heappush(q.due, heapq.heappop(heap))
-            back += 1
+        due = q.due
+
+        def parked() -> Iterator[tuple[int, float]]:
+            """The live parked entries in claim order (`transitions.rate_release`): each one
+            goes back to the due heap when the next is asked for."""
+            while heap:
+                entry = heap[0]
+                row = rows.get(entry[2])
+                if row is None or row.version != entry[3]:
+                    heapq.heappop(heap)  # claimed, cancelled or deleted since
+                    continue
+                yield row.rlimit, row.rper
+                heapq.heappush(due, heapq.heappop(heap))
+
+        if heap is None:
+            return
+        _, wait = rate_release(log.starts if log else (), parked(), now)
+        if wait is not None:  # the open slots are taken: wait for the next one
+            armed = q.rate_armed.get(rkey)
+            if armed is None or wait < armed:
+                q.rate_armed[rkey] = wait
+                heapq.heappush(q.rate_wake, (wait, rkey))
         if not heap:
             q.rate_parked.pop(rkey, None)
 

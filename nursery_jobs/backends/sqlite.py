@@ -70,7 +70,7 @@ from .protocol import (
 )
 from .transitions import (
     PARK_AT_ONCE, CancelAction, admit_rated, after_outcome, after_rescue, check_room, on_cancel, parked_can_start,
-    rate_log, unparks,
+    rate_log, rate_release, rate_slot, unparks,
 )  # fmt: skip
 from .rows import (
     SET_ASIDE_COLUMNS,
@@ -89,9 +89,10 @@ __all__ = ["SqliteBackend", "SqliteCursor", "SqliteTransaction"]
 
 log = logging.getLogger("nursery_jobs")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """2 added the concurrency key and its limit (`_UPGRADE_2`), 3 the rate key and its rate
-(`_UPGRADE_3`), 4 the parked flag of a full key's jobs (`_UPGRADE_4`): an older file is
+(`_UPGRADE_3`), 4 the parked flag of a full key's jobs (`_UPGRADE_4`), 5 the flag of a job
+parked for its rate and each key's wake time (`_UPGRADE_5`, `nj_rate_wake`): an older file is
 upgraded in place when opened."""
 
 _SCHEMA = """
@@ -120,7 +121,8 @@ CREATE TABLE IF NOT EXISTS nj_jobs (
     rate_key TEXT,
     rate_limit INTEGER,
     rate_per REAL,
-    parked INTEGER NOT NULL DEFAULT 0
+    parked INTEGER NOT NULL DEFAULT 0,
+    rate_wait INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS nj_jobs_due ON nj_jobs (queue, run_at)
     WHERE state IN ('available', 'scheduled', 'retryable');
@@ -149,6 +151,8 @@ CREATE TABLE IF NOT EXISTS nj_locks (name TEXT PRIMARY KEY, owner TEXT NOT NULL,
 CREATE TABLE IF NOT EXISTS nj_rate (
     key TEXT PRIMARY KEY, starts TEXT NOT NULL, cap INTEGER NOT NULL, per REAL NOT NULL, last REAL NOT NULL
 );
+-- Rate keys with jobs parked for their rate, per queue: when the claim brings the next ones back.
+CREATE TABLE IF NOT EXISTS nj_rate_wake (queue TEXT NOT NULL, key TEXT NOT NULL, wake REAL NOT NULL, PRIMARY KEY (queue, key));
 """
 
 _UPGRADE_2 = (
@@ -161,6 +165,7 @@ _UPGRADE_3 = (
     "ALTER TABLE nj_jobs ADD COLUMN rate_per REAL",
 )
 _UPGRADE_4 = ("ALTER TABLE nj_jobs ADD COLUMN parked INTEGER NOT NULL DEFAULT 0", "DROP INDEX IF EXISTS nj_jobs_claim")
+_UPGRADE_5 = ("ALTER TABLE nj_jobs ADD COLUMN rate_wait INTEGER NOT NULL DEFAULT 0",)
 _KEY_INDEXES = (
     # The running jobs of a concurrency key, counted by every claim that meets the key.
     "CREATE INDEX IF NOT EXISTS nj_jobs_running_key ON nj_jobs (concurrency_key)"
@@ -172,9 +177,15 @@ _KEY_INDEXES = (
     # A key's parked jobs in claim order: its best one comes back when a slot frees.
     "CREATE INDEX IF NOT EXISTS nj_jobs_parked ON nj_jobs (concurrency_key, priority DESC, run_at, id)"
     " WHERE state = 'available' AND parked = 1",
+    # A rate key's jobs parked for its rate, per queue, in claim order: the best ones come back
+    # at the key's wake time.
+    "CREATE INDEX IF NOT EXISTS nj_jobs_rate_parked ON nj_jobs (queue, rate_key, priority DESC, run_at, id)"
+    " WHERE state = 'available' AND parked = 1 AND rate_wait = 1",
 )
 
 _PENDING = "('available', 'scheduled', 'retryable')"
+_NO_LIMIT = 2**31
+"""A limit no key reaches: a parked row whose rate cannot be read comes back at once."""
 _IDS_PER_STATEMENT = 500
 _COUNT_PENDING = (
     "SELECT count(*) FROM (SELECT 1 FROM nj_jobs INDEXED BY nj_jobs_due WHERE queue = ?"
@@ -236,27 +247,38 @@ def _unpark(conn: sqlite3.Connection, keys: Sequence[Any]) -> int:
     for key, n in collections.Counter(keys).items():
         back += conn.execute(
             "UPDATE nj_jobs SET parked = 0 WHERE id IN (SELECT id FROM nj_jobs WHERE concurrency_key = ?"
-            " AND state = 'available' AND parked = 1 ORDER BY priority DESC, run_at, id LIMIT ?)",
+            " AND state = 'available' AND parked = 1 AND rate_wait = 0 ORDER BY priority DESC, run_at, id LIMIT ?)",
             (key, n),
         ).rowcount
     return back
 
 
-def _repair_parked(conn: sqlite3.Connection) -> list[str]:
+def _repair_parked(conn: sqlite3.Connection, now: float) -> list[str]:
     """The rescuer's repair (`transitions.parked_can_start`): a key with parked jobs and a free
     slot brings back its best one; normally there is none (only a row written by something else
     can leave one; a parked job with no key, which no slot would bring back, always comes back).
     Returns the queue of each job brought back."""
     unkeyed = conn.execute(
-        "UPDATE nj_jobs SET parked = 0 WHERE state = 'available' AND parked = 1 AND concurrency_key IS NULL RETURNING queue"
+        "UPDATE nj_jobs SET parked = 0 WHERE state = 'available' AND parked = 1 AND concurrency_key IS NULL"
+        " AND (rate_wait = 0 OR rate_key IS NULL) RETURNING queue"
     ).fetchall()
     queues = list(dict.fromkeys(str(q) for (q,) in unkeyed))
+    # Jobs parked for their rate whose key has no wake time in their queue (a row written by
+    # something else): the key wakes now, and the next claim brings back what its rate admits.
+    woken = conn.execute(
+        "INSERT INTO nj_rate_wake (queue, key, wake) SELECT DISTINCT j.queue, j.rate_key, ? FROM nj_jobs j"
+        " WHERE j.state = 'available' AND j.parked = 1 AND j.rate_wait = 1 AND j.rate_key IS NOT NULL"
+        " AND NOT EXISTS (SELECT 1 FROM nj_rate_wake w WHERE w.queue = j.queue AND w.key = j.rate_key) RETURNING queue",
+        (now,),
+    ).fetchall()
+    queues += [str(q) for (q,) in woken if str(q) not in queues]
     for (key,) in conn.execute(
-        "SELECT DISTINCT concurrency_key FROM nj_jobs WHERE state = 'available' AND parked = 1 AND concurrency_key IS NOT NULL"
+        "SELECT DISTINCT concurrency_key FROM nj_jobs WHERE state = 'available' AND parked = 1 AND rate_wait = 0"
+        " AND concurrency_key IS NOT NULL"
     ).fetchall():
         head = conn.execute(
             "SELECT id, queue, max_concurrent FROM nj_jobs WHERE concurrency_key = ? AND state = 'available' AND parked = 1"
-            " ORDER BY priority DESC, run_at, id LIMIT 1",
+            " AND rate_wait = 0 ORDER BY priority DESC, run_at, id LIMIT 1",
             (key,),
         ).fetchone()
         if head is None:  # pragma: no cover - the DISTINCT above found one, under the write lock
@@ -340,6 +362,57 @@ def _record_starts(
             " DO UPDATE SET starts = ?2, cap = ?3, per = ?4, last = ?5",
             (key, json.dumps(rate_log(old, n, now, cap, per)), cap, per, now),
         )
+
+
+def _rate_wake_release(conn: sqlite3.Connection, queue: str, now: float, starts: _RateStarts) -> int:
+    """The rate keys of `queue` whose wake time has come bring back their best parked jobs, as
+    many as their window admits now (`transitions.rate_release`); each key's wake moves to the
+    next slot of the first job kept, or goes when none is. Returns how many came back."""
+    back = 0
+    for (key,) in conn.execute("SELECT key FROM nj_rate_wake WHERE queue = ? AND wake <= ?", (queue, now)).fetchall():
+        cur = conn.execute(
+            "SELECT id, rate_limit, rate_per FROM nj_jobs WHERE queue = ? AND rate_key = ? AND state = 'available'"
+            " AND parked = 1 AND rate_wait = 1 ORDER BY priority DESC, run_at, id",
+            (queue, key),
+        )
+        released: list[int] = []
+
+        def parked() -> Iterator[tuple[int, float]]:
+            for job_id, limit, per in cur:
+                rate = _rate_of(key, limit, per)
+                yield (rate[1], rate[2]) if rate is not None else (_NO_LIMIT, 0.0)  # no rate: nothing holds it
+                released.append(job_id)
+
+        _, wake = rate_release(starts[str(key)], parked(), now)
+        cur.close()
+        for i in range(0, len(released), _IDS_PER_STATEMENT):
+            chunk = released[i : i + _IDS_PER_STATEMENT]
+            conn.execute(f"UPDATE nj_jobs SET parked = 0, rate_wait = 0 WHERE id IN ({','.join('?' * len(chunk))})", chunk)
+        if wake is None:
+            conn.execute("DELETE FROM nj_rate_wake WHERE queue = ? AND key = ?", (queue, key))
+        else:
+            conn.execute("UPDATE nj_rate_wake SET wake = ? WHERE queue = ? AND key = ?", (wake, queue, key))
+        back += len(released)
+    return back
+
+
+def _rate_park(conn: sqlite3.Connection, queue: str, refused: Sequence[tuple[int, str, float, str | None]]) -> None:
+    """Park the jobs a claim refused for their rate alone, (id, rate key, its next slot, its
+    concurrency key), and keep each key's wake time in `queue` at the earliest of those slots.
+    A job with a concurrency key may have been the one its key's freed slot brought back: that
+    key's best parked job takes its place (as `unparks` says of a cancelled one)."""
+    conn.executemany(
+        "UPDATE nj_jobs SET state = 'available', parked = 1, rate_wait = 1 WHERE id = ?", [(r[0],) for r in refused]
+    )
+    wakes: dict[str, float] = {}
+    for _, key, slot, _ in refused:
+        wakes[key] = min(slot, wakes.get(key, slot))
+    conn.executemany(
+        "INSERT INTO nj_rate_wake (queue, key, wake) VALUES (?1, ?2, ?3) ON CONFLICT (queue, key)"
+        " DO UPDATE SET wake = min(wake, ?3)",
+        [(queue, key, wake) for key, wake in wakes.items()],
+    )
+    _unpark(conn, [r[3] for r in refused if r[3] is not None])
 
 
 def parse_sqlite_url(url: str) -> tuple[str, str, bool]:
@@ -666,8 +739,9 @@ class SqliteBackend:
     def _upgrade(conn: sqlite3.Connection) -> None:
         """Bring an older file to this version, in one write transaction (another process may
         be opening the same file): the two columns of the concurrency key (from 1), the three of
-        the rate key (from 1 or 2), the parked flag (from 1, 2 or 3), then the indexes that use
-        them."""
+        the rate key (from 1 or 2), the parked flag (from 1, 2 or 3), the rate's parked flag
+        (from 1 to 4; `nj_rate_wake` is created by the schema script), then the indexes that
+        use them."""
         conn.execute("BEGIN IMMEDIATE")
         try:
             (version,) = conn.execute("SELECT value FROM nj_meta WHERE key = 'schema_version'").fetchone()
@@ -680,8 +754,11 @@ class SqliteBackend:
             if version in ("1", "2", "3"):
                 for statement in _UPGRADE_4:
                     conn.execute(statement)
+            if version in ("1", "2", "3", "4"):
+                for statement in _UPGRADE_5:
+                    conn.execute(statement)
                 conn.execute("UPDATE nj_meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
-            if version in ("1", "2", "3", str(SCHEMA_VERSION)):
+            if version in ("1", "2", "3", "4", str(SCHEMA_VERSION)):
                 for statement in _KEY_INDEXES:
                     conn.execute(statement)
             conn.execute("COMMIT")
@@ -994,10 +1071,14 @@ class SqliteBackend:
             # takes them one by one, counting each key's running jobs once, and stops at
             # `limit`. A keyed job it passes over (its key is full) is parked, so later claims
             # do not read it again; a job of the key leaving `running` brings the best one back
-            # (`_unpark`). At most `PARK_AT_ONCE` are read beyond `limit`, unless the claim is
-            # short and they held jobs refused for their rate alone: those are not parked, so it
-            # reads on, `PARK_AT_ONCE` at a time, as long as that stays so. SQLite has one
-            # writer, and this runs under its write lock (BEGIN IMMEDIATE): the counts are exact.
+            # (`_unpark`). A job it passes over for its rate alone is parked too, and its key's
+            # wake time in the queue kept at its next slot; first of all, the keys whose wake
+            # time has come bring back as many parked jobs as their window admits
+            # (`_rate_wake_release`), so the claim weighs them in claim order. At most
+            # `PARK_AT_ONCE` are read beyond `limit`. SQLite has one writer, and this runs
+            # under its write lock (BEGIN IMMEDIATE): the counts are exact.
+            starts = _RateStarts(conn)
+            _rate_wake_release(conn, queue, now, starts)
             queue_running = 0
             if max_running is not None:
                 (queue_running,) = conn.execute(
@@ -1020,44 +1101,34 @@ class SqliteBackend:
                     rates.append(_rate_of(rkey, rlimit, rper))
                 return list(range(first, len(seen)))
 
-            considered: list[int] = []
-
             def candidates(pool: Sequence[int]) -> Any:
                 for i in pool:
-                    considered.append(i)
                     yield *seen[i][1:], *(rates[i] or (None, None, None))
 
-            starts = _RateStarts(conn)
             running = _RunningByKey(conn)
-            picked: list[int] = []
-            rate_next: float | None = None
-            size = limit + PARK_AT_ONCE
-            due = read_due(size)
-            while True:
-                # A job `admit_rated` skips changes nothing it decides later, so the jobs started
-                # so far followed by the next rows decide as the whole read would.
-                pool = picked + due
-                considered.clear()
-                verdict = admit_rated(
-                    candidates(pool), running, starts, want=limit, now=now, queue_running=queue_running,
-                    max_running=max_running,
-                )  # fmt: skip
-                picked = [pool[i] for i in verdict.started]
-                if verdict.rate_next is not None and (rate_next is None or verdict.rate_next < rate_next):
-                    rate_next = verdict.rate_next
-                # Jobs refused for their rate are not parked: while the rows read held some and
-                # the claim is short, it reads on, or later claims would read the same rows again.
-                refused = set(considered).intersection(due).difference(picked, _passed_over(seen, due, picked, running))
-                if len(due) < size or len(picked) >= limit or not refused:
-                    break
-                size = PARK_AT_ONCE
-                due = read_due(size)
+            due = read_due(limit + PARK_AT_ONCE)
+            verdict = admit_rated(
+                candidates(due), running, starts, want=limit, now=now, queue_running=queue_running, max_running=max_running
+            )
+            picked = [due[i] for i in verdict.started]
             cur.close()
             if verdict.rate_started:
                 _record_starts(conn, starts, [rates[i] for i in picked], verdict.rate_started, now)
+            over_key = _passed_over(seen, due, picked, running)
+            # Read and not started, its key not full, and over its rate after this claim's
+            # starts: passed over for its rate alone, parked with its next slot.
+            refused: list[tuple[int, str, float, str | None]] = []
+            for i in sorted(set(due).difference(picked, over_key)):
+                rate = rates[i]
+                if rate is not None:
+                    slot = rate_slot(starts[rate[0]], rate[1], rate[2], now, verdict.rate_started.get(rate[0], 0))
+                    if slot is not None:
+                        refused.append((seen[i][0], rate[0], slot, seen[i][1]))
+            _rate_park(conn, queue, refused)
+            rate_next = min((r[2] for r in refused), default=None)
             ids = [seen[i][0] for i in picked]
-            passed = [(seen[i][0],) for i in _passed_over(seen, range(len(seen)), picked, running)]  # not one refused for its rate alone
-            conn.executemany("UPDATE nj_jobs SET state = 'available', parked = 1 WHERE id = ?", passed)
+            passed = [(seen[i][0],) for i in over_key]
+            conn.executemany("UPDATE nj_jobs SET state = 'available', parked = 1, rate_wait = 0 WHERE id = ?", passed)
             rows = []
             for i in range(0, len(ids), _IDS_PER_STATEMENT):
                 chunk = ids[i : i + _IDS_PER_STATEMENT]
@@ -1075,13 +1146,15 @@ class SqliteBackend:
                     claimed.append((read, r[7]))
                 else:  # a row written by something else, with a column that cannot be read
                     events.append(self._set_aside(conn, r[0], read, now))
-            if events or (passed and len(rows) < limit):
+            if events or ((passed or refused) and len(rows) < limit):
                 # rows set aside took places in this claim, or jobs may wait behind the ones it
                 # parked: the queue may hold more
                 events.append(JobsAvailable(queue))
             next_due = self._next_due(conn, queue, now, events)
-            if rate_next is not None and (next_due is None or rate_next < next_due):
-                next_due = rate_next  # a rate key's next slot: a job it refused may start then
+            (wake,) = conn.execute("SELECT MIN(wake) FROM nj_rate_wake WHERE queue = ?", (queue,)).fetchone()
+            for slot in (rate_next, wake):
+                if slot is not None and (next_due is None or slot < next_due):
+                    next_due = slot  # a rate key's next slot: a job it parked may start then
             claimed.sort(key=lambda c: (-c[0].priority, c[1] if isinstance(c[1], (int, float)) else 0.0, c[0].id))
             return ClaimResult([c[0] for c in claimed], next_due), events
 
@@ -1328,7 +1401,7 @@ class SqliteBackend:
                     )
                     events.append(JobsAvailable(queue))
             _unpark(conn, freed)
-            events += [JobsAvailable(q) for q in _repair_parked(conn)]
+            events += [JobsAvailable(q) for q in _repair_parked(conn, now)]
             return [r[0] for r in rows], events
 
         rescued, events = await self._call(self._tx, body)

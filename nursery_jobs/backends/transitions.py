@@ -37,6 +37,14 @@ decided here, once:
   limits, `rate_log` says what a key's record becomes after a claim (its starts of the last
   window, at most `cap`), and `rate_idle` when the record may go. PostgreSQL runs the same rule
   in `claim_picked` (migration 0013; `rate_slot` and `rate_record` from migration 0010).
+- `rate_release` says how many of a key's jobs parked for its rate come back when its next slot
+  comes. A due job refused for its rate is parked too (on SQLite and PostgreSQL a flag that
+  keeps it out of the claim's index, and the key's wake time in the queue), so a key over its
+  rate with a large backlog costs later claims nothing; when the wake time comes, the claim
+  first brings back the key's best parked jobs, as many as the window admits now and no more,
+  and sets the wake to the next slot of the first one it kept. So each parked job is written
+  twice (parked, back), never once per window, and the key's jobs come back in claim order.
+  PostgreSQL restates it in `rate_release` (migration 0014).
 - `check_room` says whether an enqueue into a queue declared with `max_length` may go in:
   `PENDING` (available, scheduled, retryable) is what counts toward the length, counted with
   the call's own new jobs; every backend counts inside the insert's transaction, serialized
@@ -79,6 +87,7 @@ __all__ = [
     "parked_can_start",
     "rate_idle",
     "rate_log",
+    "rate_release",
     "rate_slot",
     "unparks",
 ]
@@ -313,6 +322,22 @@ def rate_slot(starts: Sequence[float], limit: int, per: float, now: float, added
     return slot if slot > now else None
 
 
+def rate_release(starts: Sequence[float], parked: Iterable[tuple[int, float]], now: float) -> tuple[int, float | None]:
+    """How many of a key's parked jobs come back at `now`, and the key's next wake time: the
+    parked jobs are read lazily in claim order as (rate limit, window), and each comes back
+    while `rate_slot` admits it, counting those before it (each would start at `now`); the
+    first it refuses stays, with every one behind it, and its slot is the wake time (None:
+    every one came back). The caller releases each job when it asks for the next one, so the
+    refused job is never taken from `parked`."""
+    back = 0
+    for limit, per in parked:
+        slot = rate_slot(starts, limit, per, now, back)
+        if slot is not None:
+            return back, slot
+        back += 1
+    return back, None
+
+
 def rate_log(starts: Sequence[float], added: int, now: float, cap: int, per: float) -> list[float]:
     """A key's record after a claim made `added` starts at `now`: its latest `cap` starts that
     are less than `per` seconds old (`cap`, `per`: the largest limit and window its jobs
@@ -348,8 +373,9 @@ def unparks(before: JobState, after: JobState, *, parked: bool = False) -> int:
 
 PARK_AT_ONCE = 1000
 """A claim reads at most this many due jobs beyond the number it was asked for, passing over
-(and parking) those of full keys: a large backlog is parked over several claims, each a
-bounded statement or transaction, never in one that writes all of it."""
+(and parking) those of full keys and those refused for their rate: a large backlog is parked
+over several claims, each a bounded statement or transaction, never in one that writes all of
+it."""
 
 
 def parked_can_start(running: int, limit: int | None) -> bool:

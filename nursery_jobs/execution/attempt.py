@@ -1,11 +1,13 @@
 """One attempt of one job: its scope, its handler chain, and the outcome it ends with.
 
-An attempt runs inside exactly one `trio.CancelScope` whose deadline is the job's timeout.
+An attempt runs inside one `trio.CancelScope` whose deadline is the job's timeout (the
+worker's scope, which each attempt holds while it runs: `executor.QueueExecutor._worker`).
 Shutdown, a remote cancel and a lost claim cancel the same scope after writing their *reason* on
 the attempt, so the outcome is decided by which cause fired, not by the exception type the
 handler let out: a reason of "cancel" gives cancelled, "shutdown" and "lost" give interrupted
 (the attempt is given back), no reason with the scope cancelled means the deadline passed (a
-failure, "timed out after N s"). One scope per attempt keeps the per-job cost low.
+failure, "timed out after N s"). One scope per attempt, and no fresh scope per attempt,
+keeps the per-job cost low.
 
 The call itself is a `KindRunner`, built once per job kind at start-up: the handler, or the
 handler wrapped by the asyncio bridge, wrapped by the app's middleware chain (`async def
@@ -73,11 +75,16 @@ _REASON_TEXT = {
 
 
 class Attempt:
-    """A running attempt: its job, its scope and, once someone cancels it, why."""
+    """A running attempt: its job, its scope and, once someone cancels it, why.
+
+    `scope` is None while the job is held (claimed ahead, not started) and once its attempt
+    ended in a worker's run that went on (`executor.QueueExecutor._worker`): a cancel then only
+    records its reason, which is all a job that is not running needs, and which the worker reads
+    before it starts a held job."""
 
     __slots__ = ("job", "scope", "reason", "queue", "_children")
 
-    def __init__(self, job: ClaimedJob, scope: trio.CancelScope, children: Callable[[ClaimedJob], Any]) -> None:
+    def __init__(self, job: ClaimedJob, scope: trio.CancelScope | None, children: Callable[[ClaimedJob], Any]) -> None:
         self.job = job
         self.scope = scope
         self.queue = job.queue
@@ -96,14 +103,22 @@ class Attempt:
     def client(self) -> Any:
         return get_enqueuer("ctx.client")
 
+    @property
+    def cancel_called(self) -> bool:
+        """Whether the attempt's scope was cancelled: by a reason, or by its deadline."""
+        return self.scope is not None and self.scope.cancel_called
+
     def cancel(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
+        scope = self.scope
+        if scope is None:
+            return  # not running: the reason is all it takes
         # The reason also reaches the handler: Cancelled's text and ctx.cancel_reason name it.
         if _CANCEL_TAKES_REASON:
-            self.scope.cancel(reason=_REASON_TEXT.get(self.reason, self.reason))
+            scope.cancel(reason=_REASON_TEXT.get(self.reason, self.reason))
         else:  # pragma: no cover - trio < 0.31 has no cancel reasons
-            self.scope.cancel()
+            scope.cancel()
 
 
 class Batch(Attempt):
@@ -294,16 +309,27 @@ def decide(
         assert leaf is not None
         message = f"{describe_exception(leaf)} (the handler made the process exit; the attempt counts as failed)"
         return _failure(job, runner, clean_text(message), format_traceback(error), now, rng)
-    if attempt.scope.cancel_called:
+    if attempt.cancel_called:
         # Which scope fired decides, even if the handler swallowed the Cancelled and returned:
         # a timed-out attempt is a timeout, a shutdown-cut one is given back.
         reason = attempt.reason
-        if reason == "cancel":
-            return Outcome(job.id, job.attempt, OutcomeKind.CANCELLED)
-        if reason == "shutdown" or reason == "lost":
-            return Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED)
+        if reason in ("cancel", "shutdown", "lost"):
+            if error is not None:  # a child failed in its cleanup (`split_cut`): logged, as the outcome is no failure
+                log.warning(
+                    "job %d (%s, queue %s) attempt %d was cut (%s); in its cleanup: %s",
+                    job.id, job.kind, job.queue, job.attempt, reason, clean_text(describe_exception(error)),
+                    extra={"event": "cleanup_failed", "job_id": job.id, "attempt": job.attempt},
+                )  # fmt: skip
+            kind = OutcomeKind.CANCELLED if reason == "cancel" else OutcomeKind.INTERRUPTED
+            return Outcome(job.id, job.attempt, kind)
         timeout = runner.timeout if runner.timeout is not None else math.inf
-        return _failure(job, runner, f"timed out after {timeout:g} s", None, now, rng)
+        message = f"timed out after {timeout:g} s"
+        if error is None:
+            return _failure(job, runner, message, None, now, rng)
+        # A child failed in its cleanup while the timeout cancelled it (`split_cut`): the
+        # failure is this attempt's too, and shown with the timeout.
+        message += f"; then, in the cleanup: {describe_exception(error)}"
+        return _failure(job, runner, clean_text(message), format_traceback(error), now, rng)
     if error is None:
         return Outcome(job.id, job.attempt, OutcomeKind.COMPLETED)
     if isinstance(error, Snooze):
@@ -311,6 +337,26 @@ def decide(
     if isinstance(error, Discard):
         return Outcome(job.id, job.attempt, OutcomeKind.DISCARD, None, JobError(job.attempt, now, clean_text(error.reason)))
     return _failure(job, runner, clean_text(describe_exception(error)), format_traceback(error), now, rng)
+
+
+def split_cut(exc: BaseException) -> tuple[BaseException, Exception] | None:
+    """What a handler lets out when children fail in their cleanup while its attempt is being
+    cancelled (a timeout, a cancel, a shutdown): one group of the children's cancellations and
+    those errors. Split in two: the cancellations, which go on (the attempt's scope takes its
+    own), and the errors, which are the job's and no one else's; left whole, the group's errors
+    would pass through the scope and end the worker and the runtime. None for anything else."""
+    if isinstance(exc, BaseExceptionGroup):
+        cancelled, failed = exc.split(trio.Cancelled)
+        if cancelled is not None and isinstance(failed, Exception):
+            return cancelled, failed
+    return None
+
+
+def only_cancelled(exc: BaseException) -> bool:
+    """`exc` is a cancellation, alone or as a group of them (a handler's children cancelled)."""
+    if isinstance(exc, trio.Cancelled):
+        return True
+    return isinstance(exc, BaseExceptionGroup) and exc.split(trio.Cancelled)[1] is None
 
 
 NOT_HANDLED = "the batch handler returned this job as not handled"
@@ -327,13 +373,13 @@ def decide_batch(
     jobs it returned (`NOT_HANDLED`) and completes the others. A return value that is not None
     or an iterable of this batch's jobs is an error of the handler's (every job fails)."""
     unhandled: set[int] = set()
-    if error is None and not batch.scope.cancel_called and returned is not None:
+    if error is None and not batch.cancel_called and returned is not None:
         try:
             unhandled = _unhandled(batch, returned)
         except Exception as exc:
             error = exc
     outcomes = []
-    cut = batch.scope.cancel_called
+    cut = batch.cancel_called
     for member in batch.members:
         job = member.job
         if error is None and not cut and member.reason is None and job.id not in unhandled:
@@ -342,7 +388,7 @@ def decide_batch(
         view: Attempt = member
         if member.reason is None and cut:
             view = batch  # the batch's deadline or shutdown decides for this job
-        if error is None and job.id in unhandled and not view.scope.cancel_called:
+        if error is None and job.id in unhandled and not view.cancel_called:
             outcome = _failure(job, runner, NOT_HANDLED, None, now, rng)
         else:
             outcome = decide(job, runner, view, error, now, rng)

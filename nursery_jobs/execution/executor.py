@@ -81,7 +81,18 @@ from ..infra.owner import open_children, open_owner
 from ..infra.sync import Mailbox, Wakeup
 from ..app import BatchKind
 from ..jobs import BatchContext, BatchJob, Discard, JobContext, JobError, clean_text, decode_args
-from .attempt import Attempt, AttemptRegistry, Batch, KindRunner, decide, decide_batch, process_exit, report_failure
+from .attempt import (
+    Attempt,
+    AttemptRegistry,
+    Batch,
+    KindRunner,
+    decide,
+    decide_batch,
+    only_cancelled,
+    process_exit,
+    report_failure,
+    split_cut,
+)
 from .completer import Completer
 
 log = logging.getLogger("nursery_jobs")
@@ -259,7 +270,7 @@ class QueueExecutor:
 
     def _hold(self, job: ClaimedJob, until: float) -> None:
         """Keep a job claimed ahead for the next worker that ends an attempt."""
-        attempt = Attempt(job, trio.CancelScope(), _children)
+        attempt = Attempt(job, None, _children)  # no scope until it starts: a cancel meanwhile leaves its reason
         self._attempts.begin(attempt)  # heartbeated, cancellable, from now on
         self._held.append(attempt)
         self._held_until.append(until)
@@ -420,10 +431,26 @@ class QueueExecutor:
         return self._backend.claim(self.name, limit, max_running=self._max_running)
 
     async def _worker(self) -> None:
-        """Take a job, run one attempt of it, repeat."""
+        """Take a job, run one attempt of it, repeat.
+
+        A worker keeps one cancel scope for as long as its attempts simply complete: each
+        attempt holds it while it runs, with the scope's deadline moved to the attempt's own as
+        it starts (its timeout runs from its start), and between attempts the deadline is back at
+        inf and no attempt holds it. That is safe because a deadline fires, and a cancel reaches
+        the scope, only through the attempt that holds it: an attempt that ended is out of the
+        registry and left with no scope (`Attempt.cancel` then only records the reason), and
+        nothing can fire while the worker waits. It matters because entering and leaving a scope
+        with a deadline costs several microseconds, a large share of what the runtime spends on
+        a short job; a deadline write costs a third of that. An attempt that did not simply
+        complete (cut by its reason or its deadline, or raising) leaves the scope, and its
+        outcome is decided once the scope has exited, as if it had had a scope of its own; the
+        worker goes on in a new one. Inside, it reads the attempt's reason and the clock rather
+        than `cancel_called`, which would cost a clock read and would call an attempt that
+        overran its deadline without yielding timed out, where its exited scope says it
+        completed."""
         attempts = self._attempts
-        runners = self._runners
         completer = self._completer
+        batch_kinds = self._batch_kinds
         box: Mailbox[ClaimedJob] = Mailbox()
         current_worker_box.set(box)  # names this worker's job to the blocked-loop watchdog
         held = self._held
@@ -432,124 +459,178 @@ class QueueExecutor:
         clock = trio.lowlevel.current_clock().current_time  # the run's clock (MockClock in tests), one call per read
         try:
             while self._claiming:
-                job: ClaimedJob | None
-                if held:
-                    # A job claimed ahead: no round trip, no hand-off. It is in the registry
-                    # already; a cancel request or a lost claim may have reached it there.
-                    attempt = held.popleft()
-                    held_until.popleft()
-                    job = attempt.job
-                    box.last = job
-                    if len(held) == self._low_water:
-                        # Down to the low water: let the fetcher send its claim now, so that it
-                        # travels while this worker and the others run what is left.
-                        self._fetcher_wakeup.set()
-                        try:
-                            await trio.lowlevel.checkpoint()
-                        except trio.Cancelled:
-                            attempts.end(attempt)  # torn down from outside: not started, given back
-                            self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
-                            raise
-                        if not self._claiming:
-                            attempts.end(attempt)  # shutdown began meanwhile: nothing starts now
-                            self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
-                            continue
-                    if attempt.scope.cancel_called:
-                        # A cancel request or a lost claim reached it before it started.
-                        attempts.end(attempt)
-                        kind = OutcomeKind.CANCELLED if attempt.reason == "cancel" else OutcomeKind.INTERRUPTED
-                        self._push(Outcome(job.id, job.attempt, kind))
-                        continue
-                else:
-                    self._idle.append(box)
-                    self._fetcher_wakeup.set()
-                    try:
-                        job = await box.get()
-                    except trio.Cancelled:
-                        # Torn down from outside: a job put in the box but not taken goes back.
-                        leftover = box.take_nowait()
-                        if leftover is not None:
-                            self._give_back_job(leftover)
-                        raise
-                    if job is None:
-                        return
-                    attempt = None
-                    if self._cancel_reason is not None or not self._claiming:
-                        # Handed to this worker before shutdown began (a signal can land between
-                        # the fetcher's hand-off and this task's wake-up), but not started yet:
-                        # nothing starts once shutdown has begun, so the attempt is given back.
-                        self._give_back_job(job)
-                        continue
-                if job.kind in self._batch_kinds:
-                    box.last = job
-                    await self._batch(job, attempt)
-                    continue
-                runner = runners.get(job.kind)
-                if runner is None:
-                    if attempt is not None:
-                        attempts.end(attempt)
-                    self._discard(job, f"unknown job kind {job.kind!r}: no @app.job registers it in this process")
-                    continue
-                try:
-                    args = decode_args(job.args_json)
-                    runner.job_kind.check_args(args)  # stored args that no call could bind fail every attempt alike
-                except ValueError as exc:  # ArgsError too
-                    if attempt is not None:
-                        attempts.end(attempt)
-                    what = "do not fit the handler" if isinstance(exc, ArgsError) else "could not be decoded"
-                    self._discard(job, clean_text(f"job args {what}: {exc}"))
-                    continue
-                timeout = runner.timeout
-                started = clock()
-                deadline = started + timeout if timeout is not None else math.inf
-                if attempt is None:
-                    scope = trio.CancelScope(deadline=deadline)
-                    attempt = Attempt(job, scope, _children)
-                    attempts.begin(attempt)
-                else:
-                    scope = attempt.scope
-                    scope.deadline = deadline  # the timeout runs from the start, not the claim
-                ctx = JobContext(args, deadline, attempt)
-                token = current_job_id.set(job.id)
-                error: BaseException | None = None
+                scope = trio.CancelScope()  # the worker's, until an attempt is cut (or the worker ends)
+                running = False  # an attempt of this scope's was started and not yet simply completed
                 try:
                     with scope:
-                        try:
-                            await runner.call(ctx, args)
-                        except Exception as exc:
-                            error = exc
-                        except BaseException as exc:
-                            if process_exit(exc) is None:
-                                raise  # Cancelled (ours is caught by the scope), GeneratorExit
-                            error = exc  # sys.exit() or KeyboardInterrupt in the handler
-                except trio.Cancelled:
-                    # Not our scope: the whole runtime is being torn down from outside. The
-                    # attempt is given back, as in a shutdown, and the cancellation goes on.
-                    self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
+                        while self._claiming:
+                            job: ClaimedJob | None
+                            if held:
+                                # A job claimed ahead: no round trip, no hand-off. It is in the registry
+                                # already; a cancel request or a lost claim may have reached it there.
+                                attempt = held.popleft()
+                                held_until.popleft()
+                                job = attempt.job
+                                box.last = job
+                                if len(held) == self._low_water:
+                                    # Down to the low water: let the fetcher send its claim now, so that it
+                                    # travels while this worker and the others run what is left.
+                                    self._fetcher_wakeup.set()
+                                    try:
+                                        await trio.lowlevel.checkpoint()
+                                    except trio.Cancelled:
+                                        attempts.end(attempt)  # torn down from outside: not started, given back
+                                        self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
+                                        raise
+                                    if not self._claiming:
+                                        attempts.end(attempt)  # shutdown began meanwhile: nothing starts now
+                                        self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
+                                        continue
+                                if attempt.reason is not None:
+                                    self._not_started(attempt)  # a cancel request or a lost claim reached it
+                                    continue
+                            else:
+                                self._idle.append(box)
+                                self._fetcher_wakeup.set()
+                                try:
+                                    job = await box.get()
+                                except trio.Cancelled:
+                                    # Torn down from outside: a job put in the box but not taken goes back.
+                                    leftover = box.take_nowait()
+                                    if leftover is not None:
+                                        self._give_back_job(leftover)
+                                    raise
+                                if job is None:
+                                    return
+                                attempt = None
+                                if self._cancel_reason is not None or not self._claiming:
+                                    # Handed to this worker before shutdown began (a signal can land between
+                                    # the fetcher's hand-off and this task's wake-up), but not started yet:
+                                    # nothing starts once shutdown has begun, so the attempt is given back.
+                                    self._give_back_job(job)
+                                    continue
+                            if job.kind in batch_kinds:
+                                box.last = job
+                                await self._batch(job, attempt)
+                                continue
+                            ready = self._ready(job, attempt)
+                            if ready is None:
+                                continue
+                            runner, args = ready
+                            timeout = runner.timeout
+                            started = clock()
+                            deadline = started + timeout if timeout is not None else math.inf
+                            if deadline != math.inf:
+                                scope.deadline = deadline  # the timeout runs from the start, not the claim
+                            if attempt is None:
+                                attempt = Attempt(job, scope, _children)
+                                attempts.begin(attempt)
+                            else:
+                                attempt.scope = scope
+                            error: BaseException | None = None
+                            running = True
+                            while True:
+                                ctx = JobContext(args, deadline, attempt)
+                                token = current_job_id.set(job.id)
+                                try:
+                                    await runner.call(ctx, args)
+                                except Exception as exc:
+                                    error = exc
+                                except BaseException as exc:
+                                    if process_exit(exc) is None:
+                                        cut = split_cut(exc)
+                                        if cut is None:
+                                            raise  # Cancelled (ours is caught by the scope), GeneratorExit
+                                        error = cut[1]  # children failed in their cleanup: this job's error
+                                        raise cut[0] from None  # and the cancellation goes on
+                                    error = exc  # sys.exit() or KeyboardInterrupt in the handler
+                                finally:
+                                    current_job_id.reset(token)
+                                    attempts.end(attempt)
+                                    ended = clock()
+                                    if prefetch:  # every attempt counts, a cut one too (`_ahead`)
+                                        self._ended += 1
+                                        self._busy += ended - started
+                                if error is not None or attempt.reason is not None or ended >= deadline:
+                                    break  # cut by its reason or its deadline, or raised: decided below
+                                attempt.scope = None  # ended: a late cancel of it cuts nothing
+                                self.unwritten += 1
+                                completer.push(_tuple_new(Outcome, (job.id, job.attempt, _COMPLETED, None, None)), self)  # common
+                                # The next held job starts at once if taking it needs no yield.
+                                if not (held and self._claiming and len(held) - 1 != self._low_water):
+                                    running = False
+                                    break
+                                following = held[0]
+                                if following.reason is not None or following.job.kind in batch_kinds:
+                                    running = False  # cancelled before it started, or a batch's: taken above
+                                    break
+                                held.popleft()
+                                held_until.popleft()
+                                attempt = following
+                                job = attempt.job
+                                box.last = job
+                                ready = self._ready(job, attempt)
+                                if ready is None:
+                                    running = False
+                                    break
+                                runner, args = ready
+                                timeout = runner.timeout
+                                started = clock()
+                                deadline = started + timeout if timeout is not None else math.inf
+                                scope.deadline = deadline
+                                attempt.scope = scope
+                            if running:
+                                break  # leave the scope: the attempt is decided once it has exited
+                            if deadline != math.inf:
+                                scope.deadline = math.inf  # no attempt's deadline may fire while the worker waits
+                except BaseException as exc:
+                    if running and only_cancelled(exc):
+                        assert job is not None
+                        # Not our scope: the whole runtime is being torn down from outside. The
+                        # attempt is given back, as in a shutdown, and the cancellation goes on.
+                        self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
                     raise
-                finally:
-                    current_job_id.reset(token)
-                    attempts.end(attempt)
-                if prefetch:
-                    self._ended += 1
-                    self._busy += clock() - started
+                if not running:
+                    continue  # the worker stopped taking jobs
+                assert job is not None and attempt is not None  # the attempt that left the scope
                 if error is None and not scope.cancel_called:
                     self.unwritten += 1
-                    completer.push(_tuple_new(Outcome, (job.id, job.attempt, _COMPLETED, None, None)), self)  # common
-                else:
-                    now = self._backend.now()
-                    outcome = decide(job, runner, attempt, error, now, self._rng)
-                    self._push(outcome)
-                    if outcome.error is not None:
-                        report_failure(job, outcome, trio.current_time() - started, now, "handler" if isinstance(error, Discard) else None)
-                    if error is not None and not isinstance(error, Exception):
-                        exit_exc = process_exit(error)
-                        assert exit_exc is not None
-                        self._on_exit(exit_exc, job)
+                    completer.push(_tuple_new(Outcome, (job.id, job.attempt, _COMPLETED, None, None)), self)
+                    continue
+                now = self._backend.now()
+                outcome = decide(job, runner, attempt, error, now, self._rng)
+                self._push(outcome)
+                if outcome.error is not None:
+                    report_failure(job, outcome, trio.current_time() - started, now, "handler" if isinstance(error, Discard) else None)
+                if error is not None and not isinstance(error, Exception):
+                    exit_exc = process_exit(error)
+                    assert exit_exc is not None
+                    self._on_exit(exit_exc, job)
         finally:
             self._workers_alive -= 1
             if self._workers_alive == 0:
                 self._all_exited.set()
+
+    def _ready(self, job: ClaimedJob, attempt: Attempt | None) -> tuple[KindRunner, dict[str, Any]] | None:
+        """The runner and args of a job about to start; None when it cannot run at all (an
+        unknown kind, args that do not decode or fit the handler): it is discarded, and its
+        attempt, if it has one yet, ended."""
+        runner = self._runners.get(job.kind)
+        if runner is None:
+            if attempt is not None:
+                self._attempts.end(attempt)
+            self._discard(job, f"unknown job kind {job.kind!r}: no @app.job registers it in this process")
+            return None
+        try:
+            args = decode_args(job.args_json)
+            runner.job_kind.check_args(args)  # stored args that no call could bind fail every attempt alike
+        except ValueError as exc:  # ArgsError too
+            if attempt is not None:
+                self._attempts.end(attempt)
+            what = "do not fit the handler" if isinstance(exc, ArgsError) else "could not be decoded"
+            self._discard(job, clean_text(f"job args {what}: {exc}"))
+            return None
+        return runner, args
 
     # -- batches (@app.batch_job) --
 
@@ -599,10 +680,15 @@ class QueueExecutor:
             del self._open[batch.kind]
         batch.started = True  # nothing joins it any more
         for member in batch.members:
-            self._attempts.end(member)
-            job = member.job
-            kind = OutcomeKind.CANCELLED if member.reason == "cancel" else OutcomeKind.INTERRUPTED
-            self._push(Outcome(job.id, job.attempt, kind))
+            self._not_started(member)
+
+    def _not_started(self, attempt: Attempt) -> None:
+        """An attempt that will not start ends: cancelled if a cancel request reached it before
+        its start, else interrupted (available again at once, the attempt not counted)."""
+        self._attempts.end(attempt)
+        job = attempt.job
+        kind = OutcomeKind.CANCELLED if attempt.reason == "cancel" else OutcomeKind.INTERRUPTED
+        self._push(Outcome(job.id, job.attempt, kind))
 
     async def _batch(self, job: ClaimedJob, held: Attempt | None) -> None:
         """Collect a batch from `job` on (at most `max_size` jobs, at most `max_wait` after its
@@ -642,7 +728,7 @@ class QueueExecutor:
         held.clear()
         until.clear()
         for attempt, at in keep:
-            if attempt.job.kind == batch.kind and batch.room and not attempt.scope.cancel_called:
+            if attempt.job.kind == batch.kind and batch.room and attempt.reason is None:
                 self._attempts.end(attempt)
                 self._join(batch, attempt.job)
             else:
@@ -658,10 +744,7 @@ class QueueExecutor:
         for member in batch.members:
             job = member.job
             if member.reason is not None:
-                # Cancelled or lost while it was collected: it does not start.
-                attempts.end(member)
-                kind = OutcomeKind.CANCELLED if member.reason == "cancel" else OutcomeKind.INTERRUPTED
-                self._push(Outcome(job.id, job.attempt, kind))
+                self._not_started(member)  # cancelled or lost while it was collected
                 continue
             try:
                 args = decode_args(job.args_json)
@@ -679,6 +762,7 @@ class QueueExecutor:
         started = clock()
         deadline = started + timeout if timeout is not None else math.inf
         scope = batch.scope
+        assert scope is not None  # a batch has its scope from the start
         scope.deadline = deadline
         ctx = BatchContext(jobs, deadline, batch)
         token = current_job_id.set(batch.job.id)
@@ -692,11 +776,16 @@ class QueueExecutor:
                     error = exc
                 except BaseException as exc:
                     if process_exit(exc) is None:
-                        raise
+                        cut = split_cut(exc)
+                        if cut is None:
+                            raise
+                        error = cut[1]  # children failed in their cleanup: the batch's error
+                        raise cut[0] from None  # and the cancellation goes on
                     error = exc
-        except trio.Cancelled:
-            for member in running:  # not our scope: torn down from outside, every attempt given back
-                self._push(Outcome(member.job.id, member.job.attempt, OutcomeKind.INTERRUPTED))
+        except BaseException as exc:
+            if only_cancelled(exc):
+                for member in running:  # not our scope: torn down from outside, every attempt given back
+                    self._push(Outcome(member.job.id, member.job.attempt, OutcomeKind.INTERRUPTED))
             raise
         finally:
             current_job_id.reset(token)

@@ -196,6 +196,28 @@ async def test_a_timeout_cuts_the_batch_and_fails_every_job_as_one_attempt(make_
         assert [e.message for e in job.errors] == ["timed out after 2 s"]
 
 
+async def test_a_batch_child_failing_in_its_cleanup_fails_the_batchs_jobs_not_the_runtime(make_backend, autojump_clock) -> None:
+    async def hang(ctx: nj.BatchContext, jobs: list[nj.BatchJob[Any]]) -> None:
+        async def loud() -> None:
+            try:
+                await trio.sleep_forever()
+            finally:
+                raise ValueError("cleanup failed")  # noqa: B012 - the case under test
+
+        async with ctx.children() as kids:
+            kids.spawn(trio.sleep_forever)
+            kids.spawn(loud)
+
+    idx = Indexer(hang, max_size=10, max_wait=0, timeout=2, max_attempts=1)
+    async with idx.open(make_backend()) as rt:
+        ids = await idx.index.enqueue_many([{"n": n} for n in range(3)])
+        jobs = await _wait_all(rt, ids)
+    for job in jobs:
+        assert job.state is nj.JobState.DISCARDED and job.attempt == 1
+        (error,) = job.errors
+        assert error.message.startswith("timed out after 2 s; then, in the cleanup:") and "cleanup failed" in error.message
+
+
 async def test_shutdown_while_collecting_gives_every_job_back(make_backend, autojump_clock) -> None:
     idx = Indexer(max_size=10, max_wait=30)
     record = idx.record

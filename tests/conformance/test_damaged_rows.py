@@ -188,3 +188,22 @@ async def test_a_parked_row_with_no_key_is_repaired_by_the_rescue_pass(make_back
     finally:
         await backend.close()
     assert before.jobs == [] and [j.id for j in after.jobs] == [job.id]
+
+
+async def test_a_job_parked_for_its_rate_with_no_wake_time_is_repaired_by_the_rescue_pass(
+    make_backend, damage: Damage, autojump_clock
+):
+    """A rate-keyed job marked parked for its rate by hand, so its key has no wake time in its
+    queue: no claim would bring it back, so the rescuer's pass wakes the key, and the next claim
+    starts it (its key's window is empty)."""
+    backend = make_backend()
+    await backend.open()
+    try:
+        (job,) = await backend.insert_many([NewJob("rated", "q", "{}", 0, None, 5, None, None, None, "r", 1, 60.0)])
+        damage.write(backend, job.id, "parked = ?, rate_wait = ?", (True, True))
+        before = await backend.claim("q", 10)
+        await backend.rescue(backend.now() - 60)
+        after = await backend.claim("q", 10)
+    finally:
+        await backend.close()
+    assert before.jobs == [] and [j.id for j in after.jobs] == [job.id]

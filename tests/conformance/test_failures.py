@@ -59,6 +59,67 @@ async def test_job_children_belong_to_the_attempt(make_backend, autojump_clock):
     assert ("child end", 10, started + 3) in log
 
 
+async def test_a_child_failing_in_its_cleanup_is_the_jobs_error_not_the_runtimes(make_backend, autojump_clock):
+    # The attempt times out; one child's `finally` raises while it is cancelled. The handler
+    # lets out a group of the cancellations and that error: the error is this job's (recorded
+    # with the timeout), the next job runs, and the runtime goes on.
+    app = nj.App()
+    app.queue("q", max_workers=1, timeout=1.0)
+
+    @app.job(queue="q", max_attempts=1)
+    async def work(ctx: nj.JobContext) -> None:
+        async def quiet() -> None:
+            await trio.sleep_forever()
+
+        async def loud() -> None:
+            try:
+                await trio.sleep_forever()
+            finally:
+                raise ValueError("cleanup failed")  # noqa: B012 - the case under test
+
+        async with ctx.children() as kids:
+            kids.spawn(quiet)
+            kids.spawn(loud)
+
+    @app.job(queue="q", max_attempts=1)
+    async def after(ctx: nj.JobContext) -> None:
+        pass
+
+    async with nj.open_runtime(app, backend=make_backend()) as rt:
+        first = await rt.wait(await work.enqueue(), timeout=20)
+        second = await rt.wait(await after.enqueue(), timeout=20)
+    assert first.state is nj.JobState.DISCARDED
+    assert first.error is not None and "timed out after 1 s" in first.error and "cleanup failed" in first.error
+    assert second.state is nj.JobState.COMPLETED
+
+
+async def test_a_child_failing_in_the_cleanup_of_a_cancelled_job_is_logged(make_backend, autojump_clock, caplog):
+    app = nj.App()
+    started = trio.Event()
+
+    @app.job(max_attempts=1)
+    async def work(ctx: nj.JobContext) -> None:
+        async def loud() -> None:
+            try:
+                started.set()
+                await trio.sleep_forever()
+            finally:
+                raise ValueError("cleanup failed")  # noqa: B012 - the case under test
+
+        async with ctx.children() as kids:
+            kids.spawn(loud)
+
+    async with nj.open_runtime(app, backend=make_backend()) as rt:
+        job_id = await work.enqueue()
+        with trio.fail_after(20):
+            await started.wait()
+        await rt.cancel(job_id)
+        receipt = await rt.wait(job_id, timeout=20)
+    assert receipt.state is nj.JobState.CANCELLED  # asked for: the outcome stays a cancel
+    (record,) = [r for r in caplog.records if getattr(r, "event", None) == "cleanup_failed"]
+    assert "was cut (cancel)" in record.getMessage() and "cleanup failed" in record.getMessage()
+
+
 async def test_run_blocking_runs_on_a_bounded_thread():
     import threading
     import time

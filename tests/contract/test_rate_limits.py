@@ -230,14 +230,71 @@ async def test_a_rate_under_the_queues_global_limit(make_backend, autojump_clock
 
 async def test_a_rate_backlog_longer_than_one_claim_reads_holds_back_no_unlimited_job(make_backend, autojump_clock) -> None:
     """1,200 due jobs of a key at 1 start per 60 s ahead of unlimited ones: more than a claim
-    of 10 reads at once on a backend that parks full keys (1,000 beyond its limit). The jobs
-    refused for their rate are not parked, so the claim reads on past them and starts the
-    unlimited jobs; the next claim finds none to start."""
+    of 10 reads at once on a backend that parks (1,000 beyond its limit). The jobs refused for
+    their rate are parked, so the unlimited jobs start within the next claims, none of the
+    refused ones spends an attempt, and a claim after that finds nothing and reports the slot."""
     async with opened(make_backend) as backend:
         slow = [r.id for r in await backend.insert_many([rated("slow", 1, 60.0, priority=5) for _ in range(1_200)])]
         free = [r.id for r in await backend.insert_many([rated(None) for _ in range(3)])]
         t0 = backend.now()
-        first, due = await claim_ids(backend, 10)
-        second, due2 = await claim_ids(backend, 10)
-    assert first == [slow[0], *free] and due == t0 + 60
-    assert second == [] and due2 == t0 + 60
+        got: list[int] = []
+        for _ in range(3):
+            ids, _ = await claim_ids(backend, 10)
+            got += ids
+        last, due = await claim_ids(backend, 10)
+        rows = [await backend.get_job(i) for i in slow[1::199]]
+    assert got == [slow[0], *free]
+    assert last == [] and due == t0 + 60
+    assert all((r.state, r.attempt) == (nj.JobState.AVAILABLE, 0) for r in rows)
+
+
+async def test_a_parked_rate_backlog_comes_back_one_window_at_a_time_in_claim_order(make_backend, autojump_clock) -> None:
+    """30 jobs of a key at 3 per 10 s, with priorities: after the first claim the rest wait
+    parked; at each slot exactly the window's 3 come back and start, best first, and the
+    claim in between starts none and reports the slot."""
+    async with opened(make_backend) as backend:
+        jobs = [rated("k", 3, 10.0, priority=n % 4) for n in range(30)]
+        ids = [r.id for r in await backend.insert_many(jobs)]
+        order = sorted(range(30), key=lambda n: (-(n % 4), n))
+        t0 = backend.now()
+        windows: list[list[int]] = []
+        dues: list[float | None] = []
+        for w in range(10):
+            await trio.sleep_until(t0 + 10 * w)
+            got, _ = await claim_ids(backend, 10)
+            windows.append(got)
+            again, due = await claim_ids(backend, 10)
+            assert again == []
+            dues.append(due)
+    assert windows == [[ids[n] for n in order[3 * w : 3 * w + 3]] for w in range(10)]
+    assert dues[:9] == [t0 + 10 * (w + 1) for w in range(9)]
+
+
+async def test_a_concurrency_keys_freed_slot_is_not_spent_on_a_job_waiting_for_its_rate(make_backend, autojump_clock) -> None:
+    """Concurrency key c's best waiting job also waits for its rate (key r, over its rate), the
+    next one only for c's slot: when c's running job ends, the freed slot goes to the second
+    (within the claims that follow, with no rescue pass), and the first starts at r's slot."""
+    async with opened(make_backend) as backend:
+        first, waits, runs, behind = [
+            r.id
+            for r in await backend.insert_many(
+                [rated("r", 1, 60.0), rated("r", 1, 60.0, ckey="c"), rated(None, ckey="c"), rated(None, ckey="c")]
+            )
+        ]
+        t0 = backend.now()
+        started = []
+        for _ in range(2):  # the second claim parks what the first refused (the rate's record was new)
+            started += (await backend.claim(Q, 10)).jobs
+        running = {j.id: j for j in started}
+        await backend.finish_many([Outcome(runs, running[runs].attempt, OutcomeKind.COMPLETED)])
+        freed = []
+        for _ in range(2):
+            freed += (await backend.claim(Q, 10)).jobs
+        await backend.finish_many([Outcome(j.id, j.attempt, OutcomeKind.COMPLETED) for j in freed])
+        early, due = await claim_ids(backend)
+        await trio.sleep_until(t0 + 60)
+        late, _ = await claim_ids(backend)
+    assert sorted(running) == [first, runs]
+    assert [j.id for j in freed] == [behind]
+    assert early == [] and due == t0 + 60
+    assert late == [waits]

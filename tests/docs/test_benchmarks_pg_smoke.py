@@ -136,6 +136,13 @@ def test_sqlite_throughput_quick_mode_runs() -> None:
 
 
 @pytest.mark.usefixtures("postgres_reachable")
+def test_rate_limits_quick_mode_runs() -> None:
+    out = run_quick("rate_limits.py").stdout
+    for label in ("worst window", "backlog over its rate", "with / without", "drain x"):
+        assert label in out, out
+
+
+@pytest.mark.usefixtures("postgres_reachable")
 def test_concurrency_keys_quick_mode_runs() -> None:
     out = run_quick("concurrency_keys.py", "--quick", "--backends", "postgres").stdout
     for label in ("keys (limit 1)", "overshoot", "latency"):

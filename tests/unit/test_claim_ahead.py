@@ -12,7 +12,7 @@ claim that takes a round trip of 1 ms on the mock clock.
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import Any, Sequence
 
 import pytest
 import trio
@@ -274,3 +274,61 @@ async def test_jobs_claimed_ahead_go_back_when_the_runtime_is_torn_down_from_out
     jobs = [await backend.get_job(job_id) for job_id in ids]
     assert not [j.id for j in jobs if j.state is nj.JobState.RUNNING]
     assert {j.id for j in jobs if j.state is nj.JobState.COMPLETED} <= set(started)
+
+
+async def test_attempts_run_back_to_back_keep_their_own_deadlines_and_cancels(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A worker that ends an attempt and takes the next held job with no yield in between runs
+    both under one cancel scope (`QueueExecutor._worker`'s runs). Each attempt still has its own
+    deadline, from its own start, as `ctx.deadline` and as Trio's effective deadline; a timeout
+    cuts only the attempt that overran; a cancel reaches only the attempt it names; and a cancel
+    that reaches an attempt after it ended cuts nothing that runs."""
+    backend = RoundTrips()
+    app = nj.App()
+    app.queue("q", max_workers=2, timeout=1.0)
+    seen: dict[int, tuple[float, float, float]] = {}
+    """Per job: its start, ctx.deadline and the effective deadline its handler saw."""
+    ran_for: dict[int, float] = {}
+    ended: list[Any] = []  # attempts of jobs that completed, for a late cancel
+    runtime: list[nj.Runtime] = []
+
+    @app.job(queue="q", max_attempts=1)
+    async def work(ctx: nj.JobContext, seconds: float, wait: bool = False, late_cancel: bool = False) -> None:
+        start = trio.current_time()
+        seen[ctx.id] = (start, ctx.deadline, trio.current_effective_deadline())
+        attempt = runtime[0].attempts.get(ctx.id)
+        if late_cancel and ended:
+            ended[-1].cancel("cancel")  # that attempt has ended: nothing may be cut by it
+        try:
+            if wait:
+                await trio.sleep_forever()  # until its cancel
+            if seconds:
+                await trio.sleep(seconds)
+        finally:
+            ran_for[ctx.id] = trio.current_time() - start
+        ended.append(attempt)
+
+    async with nj.open_runtime(app, backend=backend) as rt:
+        runtime.append(rt)
+        executor = rt.executors["q"]
+        quick = await rt.enqueue_many("work", [{"seconds": 0}] * 20)
+        sleepy = await rt.enqueue_many("work", [{"seconds": 0.6}] * 6)  # each within its own deadline only
+        victim = await rt.enqueue("work", {"seconds": 0, "wait": True})
+        late = await rt.enqueue_many("work", [{"seconds": 0, "late_cancel": True}] * 20)
+        too_slow = await rt.enqueue_many("work", [{"seconds": 2.0}] * 4)
+        rest = await rt.enqueue_many("work", [{"seconds": 0}, {"seconds": 0.3}] * 10)
+        held_seen = 0
+        with trio.fail_after(30):
+            while victim not in seen:
+                held_seen = max(held_seen, executor.held)
+                await trio.sleep(0.0005)
+        assert await rt.cancel(victim) is not None
+        states = {job_id: (await rt.wait(job_id, timeout=60)).state for job_id in [*quick, *sleepy, victim, *late, *too_slow, *rest]}
+    assert held_seen > 0, "nothing was held: no attempts ran back to back, and the test proves nothing"
+    for job_id, (start, deadline, effective) in seen.items():
+        assert deadline == effective == start + 1.0, job_id
+    assert states[victim] is nj.JobState.CANCELLED
+    assert {states[i] for i in too_slow} == {nj.JobState.DISCARDED}
+    assert all(ran_for[i] == pytest.approx(1.0, abs=1e-9) for i in too_slow)  # cut at its own deadline, no earlier or later
+    assert {states[i] for i in [*quick, *sleepy, *late, *rest]} == {nj.JobState.COMPLETED}

@@ -7,6 +7,8 @@ a failing test here, not a silently changed expectation everywhere.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import pytest
 
 from nursery_jobs import JobState
@@ -19,6 +21,7 @@ from nursery_jobs.backends.transitions import (
     on_cancel,
     rate_idle,
     rate_log,
+    rate_release,
     rate_slot,
     sql_case,
 )
@@ -122,3 +125,20 @@ def test_a_window_after_a_burst_holds_the_limit_where_gcra_would_hold_more():
             log = rate_log(log, 1, t, 2, 10.0)
             starts.append(t)
     assert starts == [0.0, 0.0, 10.0]
+
+
+def test_rate_release_brings_back_as_many_parked_jobs_as_the_window_admits_and_no_more() -> None:
+    """Starts at 0, 0 and 5 under 3 per 10 s, at 10: two slots are open (the two starts at 0
+    left the window), so two parked jobs come back and the third waits for 15; the parked jobs
+    are read only as far as the one kept."""
+    read: list[int] = []
+
+    def parked() -> Iterator[tuple[int, float]]:
+        for n in range(5):
+            read.append(n)
+            yield 3, 10.0
+
+    assert rate_release([0.0, 0.0, 5.0], parked(), 10.0) == (2, 15.0)
+    assert read == [0, 1, 2]
+    assert rate_release([0.0, 0.0, 5.0], iter([(3, 10.0)]), 10.0) == (1, None)
+    assert rate_release([], iter([]), 10.0) == (0, None)

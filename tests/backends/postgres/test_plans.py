@@ -158,9 +158,9 @@ def _statements(schema: str, running: list[int]) -> dict[str, list[Any]]:
 
 # Indexes each statement may use, and the ones it must use.
 ALLOWED = {
-    # Rate keys (migration 0010): the probe of a keyed row's record, and the rate-keyed pending
-    # jobs read for the next slot when a claim comes back short.
-    "claim": {"jobs_available", "jobs_waiting", "jobs_pkey", "jobs_running_key", "jobs_pending_rate", "rate_keys_pkey"},
+    # Rate keys (migration 0010): the probe of a keyed row's record; and the probe of its key's
+    # wake time, and the queue's earliest one (migration 0014).
+    "claim": {"jobs_available", "jobs_waiting", "jobs_pkey", "jobs_running_key", "rate_keys_pkey", "rate_wakes_pkey"},
     "finish": {"jobs_pkey"},
     "heartbeat": {"jobs_pkey"},
     "rescue": {"jobs_running", "jobs_running_unbeaten", "jobs_pkey"},

@@ -5,6 +5,7 @@ server is one `TrioConnection.wait`."""
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 import trio
 
@@ -92,6 +93,32 @@ async def test_a_claim_of_keyed_jobs_is_one_round_trip_too(backend, waits):
 
         assert await _trips(waits, claim) == 1
         assert result is not None and len(result.jobs) == 4
+
+
+async def test_jobs_of_a_key_over_its_rate_that_claim_picked_refuses_are_parked_by_it(backend, waits, pg_url):
+    """Under a queue's global limit, five due jobs of a key allowed 1 start per 60 s, which has
+    no record yet: the claim's scan sees the key open and picks all five, and `claim_picked`
+    starts one and refuses four for the rate under the key's lock. The claim looks no further
+    (a pick the limits cut short under a global limit), so `claim_picked` parks them itself
+    (migration 0014), with the key's wake time at its next slot, which the claim reports: one
+    round trip, and the next claim reads none of them, in one round trip too."""
+    await backend.claim("q", 1)
+    await backend.insert_many([NewJob("k", "q", "{}", 0, None, 3, None, None, None, "r", 1, 60.0) for _ in range(5)])
+    results = []
+
+    async def claim():
+        results.append(await backend.claim("q", 10, max_running=100))
+
+    assert await _trips(waits, claim) == 1
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        (parked,) = conn.execute(
+            f'SELECT count(*) FROM "{backend.schema}".jobs WHERE state = %s AND parked AND rate_wait', ("available",)
+        ).fetchone()  # type: ignore[misc]
+        (wake,) = conn.execute(f'SELECT wake FROM "{backend.schema}".rate_wakes WHERE queue = %s AND key = %s', ("q", "r")).fetchone()  # type: ignore[misc]
+    assert await _trips(waits, claim) == 1
+    first, second = results
+    assert len(first.jobs) == 1 and parked == 4 and first.next_due == wake
+    assert second.jobs == [] and second.next_due == wake
 
 
 async def test_a_cancel_is_one_round_trip(backend, waits):

@@ -1,6 +1,7 @@
 """A SQLite file of an older schema version is upgraded in place when opened: version 1 (no
-limits), version 2 (concurrency keys, no rate keys) and version 3 (no parked flag) all become
-version 4, keep their jobs, take rate-keyed jobs at once, and park a full key's backlog."""
+limits), version 2 (concurrency keys, no rate keys), version 3 (no parked flag) and version 4
+(no rate parking) all become version 5, keep their jobs, take rate-keyed jobs at once, park a
+full key's backlog, and park a backlog over its rate."""
 
 from __future__ import annotations
 
@@ -17,13 +18,17 @@ def _downgrade(path: str, version: int) -> None:
     """The file as that version left it: its columns, its version number, one pending job."""
     conn = sqlite3.connect(path)
     try:
-        conn.execute("DROP INDEX nj_jobs_claimable")  # back before version 4: no parked flag
-        conn.execute("DROP INDEX nj_jobs_parked")
-        conn.execute("ALTER TABLE nj_jobs DROP COLUMN parked")
-        conn.execute(
-            "CREATE INDEX nj_jobs_claim ON nj_jobs (queue, priority DESC, run_at, id)"
-            " WHERE state IN ('available', 'scheduled', 'retryable')"
-        )
+        conn.execute("DROP INDEX nj_jobs_rate_parked")  # back before version 5: no rate parking
+        conn.execute("DROP TABLE nj_rate_wake")
+        conn.execute("ALTER TABLE nj_jobs DROP COLUMN rate_wait")
+        if version <= 3:
+            conn.execute("DROP INDEX nj_jobs_claimable")  # back before version 4: no parked flag
+            conn.execute("DROP INDEX nj_jobs_parked")
+            conn.execute("ALTER TABLE nj_jobs DROP COLUMN parked")
+            conn.execute(
+                "CREATE INDEX nj_jobs_claim ON nj_jobs (queue, priority DESC, run_at, id)"
+                " WHERE state IN ('available', 'scheduled', 'retryable')"
+            )
         if version <= 2:
             conn.execute("ALTER TABLE nj_jobs DROP COLUMN rate_key")
             conn.execute("ALTER TABLE nj_jobs DROP COLUMN rate_limit")
@@ -43,7 +48,7 @@ def _downgrade(path: str, version: int) -> None:
         conn.close()
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 async def test_an_older_file_is_upgraded_and_takes_rate_keyed_jobs(tmp_path, version: int, autojump_clock) -> None:
     path = str(tmp_path / "jobs.db")
     backend = SqliteBackend(path, clock=trio.current_time)
@@ -57,21 +62,25 @@ async def test_an_older_file_is_upgraded_and_takes_rate_keyed_jobs(tmp_path, ver
         await backend.insert_many([NewJob("new", "q", "{}", 0, None, 3, None, None, None, "k", 1, 60.0) for _ in range(2)])
         first = await backend.claim("q", 10)
         second = await backend.claim("q", 10)
+        await trio.sleep(60)
+        third = await backend.claim("q", 10)
     finally:
         await backend.close()
     conn = sqlite3.connect(path)
     try:
         (stored,) = conn.execute("SELECT value FROM nj_meta WHERE key = 'schema_version'").fetchone()
         (records,) = conn.execute("SELECT count(*) FROM nj_rate").fetchone()
+        indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     finally:
         conn.close()
-    assert SCHEMA_VERSION == 4 and stored == "4"
+    assert SCHEMA_VERSION == 5 and stored == "5"
     assert sorted(j.kind for j in first.jobs) == ["new", "old"]  # the old job, and one start of the key
-    assert second.jobs == [] and second.next_due is not None  # the key's second job waits for its slot
-    assert records == 1
+    assert second.jobs == [] and second.next_due is not None  # the key's second job waits for its slot, parked
+    assert [j.kind for j in third.jobs] == ["new"]  # brought back at the slot
+    assert records == 1 and "nj_jobs_rate_parked" in indexes
 
 
-@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("version", [2, 3, 4])
 async def test_an_older_file_is_upgraded_and_its_keyed_jobs_run_in_order(tmp_path, version: int, autojump_clock) -> None:
     """Keyed jobs stored before the parked flag: a claim passes over (parks) the full key's
     backlog, and the key's next job comes back when the first one's worker is rescued."""

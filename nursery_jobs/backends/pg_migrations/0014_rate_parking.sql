@@ -1,0 +1,325 @@
+-- nursery_jobs schema, version 14: a job refused for its rate is parked until its key's next
+-- slot, so claims stop reading a key's backlog while the key is over its rate.
+--
+-- Since version 10 the claim's scan filtered out every due job whose rate key was over its
+-- rate inside its index scan of `jobs_available`, one `rate_keys` probe per row, on every
+-- claim: the claim's read-ahead bound never counted those rows, so a key over its rate with a
+-- large backlog first in claim order made every claim of the queue read the whole backlog
+-- (20,000 jobs: 55-60 ms a claim, against 4-7 ms; the jobs behind drained at a third of the
+-- speed), and the claim's next-slot report read it once more. Now the scan reads such a job
+-- with its verdict as a column, within its bound, and the claim hands the ids it passed over
+-- for their rate to `rate_park`, which under the keys' locks parks those still over their
+-- rate (`parked`, as a full concurrency key's, and `rate_wait`, which says why) and keeps
+-- the key's wake time in the queue (`rate_wakes`) at the earliest of their slots. A claim
+-- that finds a wake time of its queue come calls `rate_release`, which brings back the key's
+-- best parked jobs, as many as its window admits now and no more (`transitions.rate_release`,
+-- restated below), and moves the wake to the next slot of the first one kept, or drops it.
+-- So each parked job is written twice (parked, back), never once per window, and a window
+-- wakes at most its limit. Which jobs start is still decided by `claim_picked` alone, under the
+-- key's lock: bringing a job back is always safe. A job the claim picked (its key open in the
+-- statement's snapshot) that `claim_picked` refuses for its rate under the key's lock (several
+-- of one key in one pick) is parked there and then, through `rate_park`: `claim_picked` is
+-- replaced below to do so, with the same arguments and rows.
+--
+-- Order within a key: while a key's wake time has come and its jobs are not back yet, the
+-- claim's scan treats the key as over its rate, so a job of the key enqueued later cannot
+-- start before the parked ones; the ones brought back are weighed with it in claim order.
+--
+-- No job is parked for ever: parking and the wake it arms are one transaction, and so are a
+-- release and the wake it moves or drops. A parked row without a wake time (written by hand,
+-- or left by a release that skipped a row locked by a rolled-back cancel) is repaired by the
+-- rescuer's pass (`repair_parked`): its key wakes in its queue at once. The concurrency keys'
+-- unparking (`unpark_keys`, `repair_parked`) leaves jobs waiting for their rate alone, so a
+-- slot a job leaving `running` frees is never spent on one of them.
+--
+-- (ADD COLUMN with a constant default: no rewrite. CREATE INDEX, not CONCURRENTLY: the new
+-- column is false in every row, and the partial index holds none of them.)
+ALTER TABLE {schema}.jobs ADD COLUMN rate_wait boolean NOT NULL DEFAULT false;
+-- A rate key's jobs parked for its rate, per queue, in claim order.
+CREATE INDEX jobs_rate_parked ON {schema}.jobs (queue, rate_key, priority DESC, run_at, id)
+    WHERE state = 'available' AND parked AND rate_wait;
+
+-- Per queue, each rate key with jobs parked for its rate: when the next ones may start.
+CREATE TABLE {schema}.rate_wakes (
+    queue text NOT NULL,
+    key text NOT NULL,
+    wake double precision NOT NULL,
+    PRIMARY KEY (queue, key)
+);
+
+-- Park the jobs p_ids (passed over by a claim of p_queue for their rate, as its snapshot saw
+-- it) that are still due, unparked and over their rate under their keys' locks, or whose key's
+-- wake time in the queue has come (their turn comes with the parked ones); the keys' wake times
+-- kept at the earliest slot. A parked job with a concurrency key may have been the one its
+-- key's freed slot brought back: that key's best parked job takes its place, one per job
+-- (`unparks`; bringing a job back is always safe). Returns the earliest wake time it armed
+-- (NULL: it parked none).
+CREATE FUNCTION {schema}.rate_park(p_ids bigint[], p_queue text, p_now double precision)
+RETURNS double precision LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    w double precision;
+    ck text[];
+    n integer[];
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'nursery_jobs claims need READ COMMITTED, not %', current_setting('transaction_isolation');
+    END IF;
+    PERFORM {schema}.rate_lock(p_ids);
+    WITH c AS (
+        SELECT j.id, j.rate_key, {schema}.rate_slot(k.starts, coalesce(j.rate_limit, 1), j.rate_per, p_now, 0) AS slot,
+            EXISTS (SELECT 1 FROM {schema}.rate_wakes x
+                WHERE x.queue = p_queue AND x.key = j.rate_key AND x.wake <= p_now) AS waits
+        FROM {schema}.jobs j LEFT JOIN {schema}.rate_keys k ON k.key = j.rate_key
+        WHERE j.id = ANY(p_ids) AND j.queue = p_queue AND j.state IN ('available', 'scheduled', 'retryable')
+            AND NOT j.parked AND j.run_at <= p_now AND j.rate_key IS NOT NULL AND j.rate_per IS NOT NULL
+        FOR UPDATE OF j SKIP LOCKED
+    ), p AS (
+        UPDATE {schema}.jobs j SET state = 'available', parked = true, rate_wait = true
+        FROM c WHERE j.id = c.id AND (c.slot IS NOT NULL OR c.waits)
+        RETURNING c.rate_key, coalesce(c.slot, p_now) AS slot, j.concurrency_key
+    ), a AS (
+        INSERT INTO {schema}.rate_wakes AS r (queue, key, wake)
+        SELECT p_queue, p.rate_key, min(p.slot) FROM p GROUP BY p.rate_key
+        ON CONFLICT (queue, key) DO UPDATE SET wake = least(r.wake, EXCLUDED.wake)
+        RETURNING r.wake
+    ), b AS (
+        SELECT p.concurrency_key AS k, count(*)::integer AS n FROM p WHERE p.concurrency_key IS NOT NULL
+        GROUP BY p.concurrency_key
+    )
+    SELECT (SELECT min(a.wake) FROM a), (SELECT array_agg(b.k ORDER BY b.k) FROM b), (SELECT array_agg(b.n ORDER BY b.k) FROM b)
+        INTO w, ck, n;
+    IF ck IS NOT NULL THEN
+        PERFORM {schema}.unpark_keys(ck, n);
+    END IF;
+    RETURN w;
+END
+$$;
+
+-- `transitions.rate_release`, for every rate key of p_queue whose wake time has come: under
+-- the key's lock (the lock space of `rate_lock`, keys in hash order), its parked jobs in claim
+-- order come back while `rate_slot` admits each, counting those before it; the first one it
+-- refuses stays, and its slot is the key's next wake (none left: the wake goes). Returns how
+-- many came back, and the queue's earliest wake time after it.
+CREATE FUNCTION {schema}.rate_release(p_queue text, p_now double precision)
+RETURNS TABLE (released integer, next_wake double precision) LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    space integer := hashtext('nursery_jobs rate_lock ' || {schema_text});
+    k record;
+    c record;
+    st double precision[];
+    slot double precision;
+    back integer;
+    ids bigint[];
+    total integer := 0;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'nursery_jobs claims need READ COMMITTED, not %', current_setting('transaction_isolation');
+    END IF;
+    FOR k IN SELECT x.key, hashtext('rate ' || x.key) AS h FROM {schema}.rate_wakes x
+        WHERE x.queue = p_queue AND x.wake <= p_now ORDER BY 2, 1
+    LOOP
+        PERFORM pg_advisory_xact_lock(space, k.h);
+        -- In a new snapshot, after the lock: a release that ran meanwhile moved the wake on.
+        CONTINUE WHEN NOT EXISTS (SELECT 1 FROM {schema}.rate_wakes x
+            WHERE x.queue = p_queue AND x.key = k.key AND x.wake <= p_now);
+        SELECT r.starts INTO st FROM {schema}.rate_keys r WHERE r.key = k.key;
+        back := 0;
+        slot := NULL;
+        ids := ARRAY[]::bigint[];
+        FOR c IN SELECT j.id, coalesce(j.rate_limit, 1) AS lim, j.rate_per AS per FROM {schema}.jobs j
+            WHERE j.queue = p_queue AND j.rate_key = k.key AND j.state = 'available' AND j.parked AND j.rate_wait
+            ORDER BY j.priority DESC, j.run_at, j.id FOR UPDATE SKIP LOCKED
+        LOOP
+            slot := {schema}.rate_slot(st, c.lim, c.per, p_now, back);
+            EXIT WHEN slot IS NOT NULL;
+            ids := ids || c.id;
+            back := back + 1;
+        END LOOP;
+        UPDATE {schema}.jobs j SET parked = false, rate_wait = false WHERE j.id = ANY(ids);
+        IF slot IS NULL THEN
+            DELETE FROM {schema}.rate_wakes x WHERE x.queue = p_queue AND x.key = k.key;
+        ELSE
+            UPDATE {schema}.rate_wakes x SET wake = slot WHERE x.queue = p_queue AND x.key = k.key;
+        END IF;
+        total := total + cardinality(ids);
+    END LOOP;
+    released := total;
+    next_wake := (SELECT min(x.wake) FROM {schema}.rate_wakes x WHERE x.queue = p_queue);
+    RETURN NEXT;
+END
+$$;
+
+-- Migration 0011's unpark_keys, leaving the jobs that wait for their rate.
+CREATE OR REPLACE FUNCTION {schema}.unpark_keys(p_keys text[], p_counts integer[]) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    n integer;
+BEGIN
+    UPDATE {schema}.jobs j SET parked = false
+    WHERE j.id = ANY(ARRAY(
+        SELECT p.id FROM unnest(p_keys, p_counts) AS u(k, c)
+        CROSS JOIN LATERAL (SELECT r.id FROM {schema}.jobs r
+            WHERE r.concurrency_key = u.k AND r.state = 'available' AND r.parked AND NOT r.rate_wait
+            ORDER BY r.priority DESC, r.run_at, r.id LIMIT u.c FOR UPDATE SKIP LOCKED) p))
+        AND j.state = 'available' AND j.parked AND NOT j.rate_wait;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
+-- Migration 0012's repair_parked, leaving the jobs that wait for their rate to their own repair
+-- (last): every (queue, rate key) with such jobs and no wake time (a loose scan of
+-- `jobs_rate_parked`) wakes at once, so the next claim of the queue brings back what the
+-- key's window admits. Returns the queue of each job unparked or key woken.
+CREATE OR REPLACE FUNCTION {schema}.repair_parked() RETURNS TABLE (queue text) LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    k text;
+    head record;
+BEGIN
+    -- Parked with no key: nothing limits them (a scan of `jobs_parked`'s NULL entries).
+    RETURN QUERY UPDATE {schema}.jobs j SET parked = false
+        WHERE j.concurrency_key IS NULL AND j.state = 'available' AND j.parked
+            AND NOT (j.rate_wait AND j.rate_key IS NOT NULL)
+        RETURNING j.queue;
+    SELECT min(j.concurrency_key) INTO k FROM {schema}.jobs j WHERE j.state = 'available' AND j.parked AND NOT j.rate_wait;
+    WHILE k IS NOT NULL LOOP
+        SELECT j.id, j.queue, coalesce(j.max_concurrent, 1) AS most INTO head FROM {schema}.jobs j
+            WHERE j.concurrency_key = k AND j.state = 'available' AND j.parked AND NOT j.rate_wait
+            ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1;
+        IF head.id IS NOT NULL
+            AND (SELECT count(*) FROM {schema}.jobs r WHERE r.state = 'running' AND r.concurrency_key = k) < head.most
+        THEN
+            UPDATE {schema}.jobs j SET parked = false WHERE j.id = head.id AND j.state = 'available' AND j.parked;
+            IF FOUND THEN
+                queue := head.queue;
+                RETURN NEXT;
+            END IF;
+        END IF;
+        SELECT min(j.concurrency_key) INTO k FROM {schema}.jobs j
+            WHERE j.state = 'available' AND j.parked AND NOT j.rate_wait AND j.concurrency_key > k;
+    END LOOP;
+    RETURN QUERY WITH RECURSIVE t AS (
+        (SELECT j.queue AS q, j.rate_key AS rk FROM {schema}.jobs j
+            WHERE j.state = 'available' AND j.parked AND j.rate_wait AND j.rate_key IS NOT NULL
+            ORDER BY j.queue, j.rate_key LIMIT 1)
+        UNION ALL
+        SELECT n.q, n.rk FROM t CROSS JOIN LATERAL (SELECT j.queue AS q, j.rate_key AS rk FROM {schema}.jobs j
+            WHERE j.state = 'available' AND j.parked AND j.rate_wait AND j.rate_key IS NOT NULL
+                AND (j.queue, j.rate_key) > (t.q, t.rk)
+            ORDER BY j.queue, j.rate_key LIMIT 1) n
+    )
+    INSERT INTO {schema}.rate_wakes AS r (queue, key, wake)
+    SELECT t.q, t.rk, 0 FROM t
+    WHERE NOT EXISTS (SELECT 1 FROM {schema}.rate_wakes x WHERE x.queue = t.q AND x.key = t.rk)
+    ON CONFLICT (queue, key) DO NOTHING
+    RETURNING r.queue;
+END
+$$;
+
+-- Migration 0013's claim_picked, parking the candidates it refuses for their rate (`rate_park`,
+-- above; marked "park"): same arguments and rows, so the claim statement of a runtime of
+-- version 13 calls it unchanged. Its parked jobs come back through `rate_release`, called by
+-- the claims of this version, or at once through the repair if no wake time was armed.
+CREATE OR REPLACE FUNCTION {schema}.claim_picked(
+    p_ids bigint[], p_keys text[], p_most integer[], p_rkeys text[], p_rlimits integer[],
+    p_rpers double precision[], p_queue text, p_want integer, p_max_running integer, p_now double precision
+) RETURNS TABLE (
+    id bigint, kind text, queue text, args text, attempt integer, max_attempts integer, priority integer,
+    run_at double precision
+) LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    space integer := hashtext('nursery_jobs claim_held ' || {schema_text});
+    rspace integer := hashtext('nursery_jobs rate_lock ' || {schema_text});
+    keys text[];
+    counts integer[];
+    picked bigint[] := ARRAY[]::bigint[];
+    room integer := p_want;
+    i integer;
+    rkeys text[];              -- rate: the locked rate keys
+    radded integer[];          -- rate: starts this claim made per rate key
+    rcaps integer[];           -- rate: the largest limit of the jobs it started, per key
+    rpers double precision[];  -- rate: the largest window, per key
+    rnext double precision;    -- rate: the earliest slot of a candidate refused for its rate
+    rrefused bigint[] := ARRAY[]::bigint[];  -- park: the candidates refused for their rate
+    slot double precision;
+    st double precision[];
+    ri integer;
+BEGIN
+    -- Each statement below must see what committed before it: READ COMMITTED's fresh snapshot
+    -- per statement is what makes the counts exact after the locks.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'nursery_jobs claims need READ COMMITTED, not %', current_setting('transaction_isolation');
+    END IF;
+    IF p_max_running IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(space, hashtext('queue ' || p_queue));
+    END IF;
+    keys := {schema}.lock_keys(space, 'key ', p_keys);
+    -- rate: the rate keys' locks, after the concurrency keys' (one order for every claimer).
+    rkeys := {schema}.lock_keys(rspace, 'rate ', p_rkeys);
+    radded := array_fill(0, ARRAY[cardinality(rkeys)]);
+    rcaps := array_fill(1, ARRAY[cardinality(rkeys)]);
+    rpers := array_fill(0::double precision, ARRAY[cardinality(rkeys)]);
+    IF p_max_running IS NOT NULL THEN
+        -- Through the rescuer's two indexes of running rows (migration 0004).
+        room := least(room, p_max_running
+            - (SELECT count(*)::integer FROM {schema}.jobs j
+                WHERE j.state = 'running' AND j.heartbeat_at IS NOT NULL AND j.queue = p_queue)
+            - (SELECT count(*)::integer FROM {schema}.jobs j
+                WHERE j.state = 'running' AND j.heartbeat_at IS NULL AND j.queue = p_queue));
+    END IF;
+    IF room <= 0 THEN
+        RETURN;
+    END IF;
+    SELECT coalesce(array_agg((SELECT count(*)::integer FROM {schema}.jobs r
+            WHERE r.state = 'running' AND r.concurrency_key = u.k) ORDER BY u.o), ARRAY[]::integer[])
+        INTO counts FROM unnest(keys) WITH ORDINALITY AS u(k, o);
+    -- `transitions.admit_rated`: in claim order, a job starts if its key has a slot (counting
+    -- the starts of this claim) and its rate key a start left in the window.
+    FOR n IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
+        IF p_keys[n] IS NOT NULL THEN
+            i := array_position(keys, p_keys[n]);
+            CONTINUE WHEN counts[i] >= p_most[n];
+        END IF;
+        IF p_rkeys[n] IS NOT NULL AND p_rpers[n] IS NOT NULL THEN  -- rate
+            ri := array_position(rkeys, p_rkeys[n]);
+            -- Read first, then the rule on plain values: so `rate_slot` is inlined into a simple
+            -- expression (with a sub-select for an argument it would run as a function call).
+            SELECT k.starts INTO st FROM {schema}.rate_keys k WHERE k.key = p_rkeys[n];
+            slot := {schema}.rate_slot(st, p_rlimits[n], p_rpers[n], p_now, radded[ri]);
+            IF slot IS NOT NULL THEN
+                rnext := least(rnext, slot);
+                rrefused := rrefused || p_ids[n];  -- park
+                CONTINUE;
+            END IF;
+            radded[ri] := radded[ri] + 1;
+            rcaps[ri] := greatest(rcaps[ri], p_rlimits[n]);
+            rpers[ri] := greatest(rpers[ri], p_rpers[n]);
+        END IF;
+        IF p_keys[n] IS NOT NULL THEN
+            counts[i] := counts[i] + 1;
+        END IF;
+        picked := picked || p_ids[n];
+        EXIT WHEN cardinality(picked) >= room;
+    END LOOP;
+    IF cardinality(rkeys) > 0 THEN
+        PERFORM {schema}.rate_record(rkeys, radded, rcaps, rpers, p_now);  -- rate
+    END IF;
+    IF cardinality(rrefused) > 0 THEN
+        -- Parked now, after the records (so `rate_slot` counts this claim's starts), under the
+        -- rate keys' locks this function holds already: `rate_lock` takes no new one. Without
+        -- it, the refused jobs stay in claim order and every claim picks them again.
+        PERFORM {schema}.rate_park(rrefused, p_queue, p_now);
+    END IF;
+    RETURN QUERY UPDATE {schema}.jobs j SET state = 'running', attempt = j.attempt + 1, attempted_at = p_now,
+        heartbeat_at = p_now
+        WHERE j.id = ANY(picked)
+        RETURNING j.id, j.kind, j.queue, j.args, j.attempt, j.max_attempts, j.priority, j.run_at;
+    IF rnext IS NOT NULL THEN
+        RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::integer, NULL::integer,
+            NULL::integer, rnext;
+    END IF;
+END
+$$;
