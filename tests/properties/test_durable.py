@@ -99,3 +99,14 @@ def test_property_on_backend(backend: str, prop: tuple[str, Check, int], request
     assert harness is not None
     _name, check, n = prop
     _run(check, n, Store(backend, harness(request)))
+
+
+@pytest.mark.parametrize("backend", [b.name for b in HARNESSED])
+def test_a_tick_at_the_end_of_the_window_on_backend(backend: str, request: pytest.FixtureRequest) -> None:
+    """P12's example found on SQLite, replayed on every durable backend (see `TICK_AT_THE_END`)."""
+    harness = registry.get(backend).harness
+    assert harness is not None
+    test_p12_schedule_points.check(
+        test_p12_schedule_points.Drawn(*test_p12_schedule_points.TICK_AT_THE_END),  # type: ignore[arg-type]
+        store=Store(backend, harness(request)),
+    )

@@ -86,12 +86,27 @@ def oracle(schedule: str, zone: str, start: float, end: float) -> list[float]:
     return ticks
 
 
+def window(schedule: str, zone: str, start: float) -> tuple[list[float], float]:
+    """The ticks a run from `start` must enqueue, and when it stops: the ticks in
+    (start, start + SPAN], at most MAX_TICKS, and a stop that is never one of them.
+
+    Stopped at the very instant of a tick, the scheduler may or may not enqueue it: its wake-up
+    and the stop are one virtual instant, Trio runs the two tasks in either order, and a stop
+    that lands first is a shutdown, after which no tick may be enqueued. So when the last tick
+    ends the window (the 25th, or one at start + SPAN: an hourly schedule from a whole hour)
+    the run goes on half a second past it; ticks are whole seconds at least 15 s apart, so no
+    other tick falls in that half second."""
+    expected = oracle(schedule, zone, start, start + SPAN)
+    if expected and (len(expected) == MAX_TICKS or expected[-1] >= start + SPAN):
+        return expected, expected[-1] + 0.5
+    return expected, start + SPAN
+
+
 def check(data: st.DataObject, store: Store = MEMORY) -> None:
     schedule = data.draw(SCHEDULES, "schedule")
     zone = data.draw(st.sampled_from(ZONES), "timezone")
     start = data.draw(STARTS, "start")
-    expected = oracle(schedule, zone, start, start + SPAN)
-    end = expected[-1] + 0.5 if len(expected) == MAX_TICKS else start + SPAN
+    expected, end = window(schedule, zone, start)
 
     app = nj.App()
 
@@ -130,7 +145,9 @@ def check(data: st.DataObject, store: Store = MEMORY) -> None:
     ticks = [t for t, _ in taken]
     if ticks != expected:
         fail("P12", f"{schedule!r} in {zone} from {start!r}: enqueued {ticks}, cronsim gives {expected}")
-    late = [(t, at) for t, at in taken if not t <= at < t + 1e-6 * max(1.0, abs(t))]
+    # On virtual time a tick is taken at its point: within a millisecond (a float of epoch
+    # seconds is exact to ~2e-7 s), where a relative bound of 1e-6 allowed half an hour.
+    late = [(t, at) for t, at in taken if not t <= at < t + 1e-3]
     if late:
         fail("P12", f"{schedule!r} in {zone}: ticks enqueued off their point (tick, clock): {late}")
 
@@ -139,3 +156,31 @@ def check(data: st.DataObject, store: Store = MEMORY) -> None:
 @given(data=st.data())
 def test_p12_schedule_points(data: st.DataObject) -> None:
     check(data)
+
+
+class Drawn:
+    """Stands for `st.data()` with the draws given: replays one example without Hypothesis."""
+
+    def __init__(self, *values: Any) -> None:
+        self.values = list(values)
+
+    def draw(self, strategy: Any, label: str | None = None) -> Any:
+        return self.values.pop(0)
+
+
+# Found on SQLite in a full run: '@every 1h' from a whole hour ticks at start + SPAN, the very
+# instant the run used to stop (SQLite lost that tick every time, memory about half the time).
+TICK_AT_THE_END = ("@every 1h", "UTC", TRANSITIONS[0])
+
+
+def test_the_run_never_stops_at_the_instant_of_a_tick() -> None:
+    # each ticks at start + SPAN from a whole hour (the first three) or at its 25th tick
+    for schedule in ("@every 1h", "@hourly", "0 * * * *", "@every 30s", "*/15 * * * * *"):
+        expected, end = window(schedule, "UTC", TRANSITIONS[0])
+        assert expected[-1] < end < expected[-1] + 1, (schedule, expected[-1], end)
+        assert end not in oracle(schedule, "UTC", TRANSITIONS[0], end + 1), (schedule, end)
+
+
+def test_a_tick_at_the_end_of_the_window_is_enqueued() -> None:
+    for _ in range(20):  # which of the two tasks runs first at the instant is Trio's draw
+        check(Drawn(*TICK_AT_THE_END))  # type: ignore[arg-type]
