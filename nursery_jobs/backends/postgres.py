@@ -796,8 +796,8 @@ class PostgresBackend:
             # that passed it (migration 0011), so no later look or claim reads it again; a look
             # that parked some read at most `PARK_AT_ONCE` of them, and the next look goes on
             # behind them. Each look is one statement: it claims the jobs with no limit itself
-            # and the others through `claim_picked`, under the limits' locks, which also parks
-            # a picked job it refuses for its rate (migration 0014). A job the scan passed over
+            # and the others through `claim_picked_parking`, under the limits' locks, which
+            # also parks a picked job it refuses for its rate (migration 0014). A job the scan passed over
             # for its rate is parked by `rate_park` under its key's lock, and a queue's rate key
             # whose wake time has come brings back what its window admits (`rate_release`)
             # before the next look: each a round trip of its own, only when there is one to do.
@@ -1552,8 +1552,8 @@ _KEY_FREE = (
     " < coalesce({t}.max_concurrent, 1)"
 )
 """A keyed job's key is below the job's limit, as the statement's snapshot sees it: the claim's
-scan passes over the others and parks them (a hint, read without the key's lock: `claim_picked`
-decides what starts, and the park takes its own locks)."""
+scan passes over the others and parks them (a hint, read without the key's lock:
+`claim_picked_parking` decides what starts, and the park takes its own locks)."""
 
 _UNPARK_FREED = (
     " freed AS (SELECT {s}.unpark_keys(array_agg(concurrency_key), array_agg(n)) AS n"
@@ -1571,7 +1571,7 @@ _RATE_FREE = (
 )
 """A rate-keyed job's key has a slot open now, as the statement's snapshot sees it (migration
 0010): the claim's scan passes over the others (a hint, read without the key's lock:
-`claim_picked` decides)."""
+`claim_picked_parking` decides)."""
 
 _RATE_OPEN = (
     "(" + _RATE_FREE + " AND NOT EXISTS (SELECT 1 FROM {{s}}.rate_wakes x WHERE x.queue = %(queue)s"
@@ -1588,7 +1588,7 @@ _KEEP_ERRORS = f"'$[last-{MAX_ERRORS_KEPT - 1} to last]'"
 def _claim_sql(*, limited: bool) -> str:
     """The claim statement (see the comment above `_QUERIES["claim"]`): without a global limit
     the picked jobs with no key are claimed by the statement's own update and the others by
-    `claim_picked`; with one, every picked job goes to `claim_picked`."""
+    `claim_picked_parking`; with one, every picked job goes to it."""
     held = "true" if limited else "concurrency_key IS NOT NULL OR rate_key IS NOT NULL"
     cols = "id, priority, run_at, concurrency_key, max_concurrent, rate_key, rate_limit, rate_per"
     return (
@@ -1631,12 +1631,14 @@ def _claim_sql(*, limited: bool) -> str:
         "  array_agg(coalesce(rate_limit, 1) ORDER BY " + _CLAIM_ORDER + ") AS rlimits,"
         "  array_agg(rate_per ORDER BY " + _CLAIM_ORDER + ") AS rpers"
         "  FROM pick WHERE " + held + "),"
-        # ... claimed by `claim_picked` (migration 0013) under the limits' locks, in this
-        # statement and after every write above: the one-time filter's counts run those writes
-        # to completion first, so the function, whose statements each take a new snapshot that
-        # sees them, never updates a row a CTE has still to write. The picked rows stay locked
+        # ... claimed by `claim_picked_parking` (migration 0014: 0013's `claim_picked`, which a
+        # runtime of version 13 still calls, with the parking of what it refuses for its rate)
+        # under the limits' locks, in this statement and after every write above: the one-time
+        # filter's counts run those writes to completion first, so the function, whose
+        # statements each take a new snapshot that sees them, never updates a row a CTE has
+        # still to write. The picked rows stay locked
         # by this statement's scans until the commit: nobody else can claim or change them.
-        " held AS (SELECT * FROM {s}.claim_picked((SELECT ids FROM hold), (SELECT keys FROM hold),"
+        " held AS (SELECT * FROM {s}.claim_picked_parking((SELECT ids FROM hold), (SELECT keys FROM hold),"
         "   (SELECT most FROM hold), (SELECT rkeys FROM hold), (SELECT rlimits FROM hold), (SELECT rpers FROM hold),"
         "   %(queue)s::text, (%(limit)s - (SELECT count(*) FROM claimed))::int, "
         + ("%(max_running)s::int" if limited else "NULL::int")
@@ -1768,9 +1770,10 @@ _QUERIES: dict[str, sql.SQL] = {
     # Concurrency keys (migration 0006): both scans pass over a keyed job whose key is at its
     # limit as this statement's snapshot sees it (`_KEY_FREE`, a probe of `jobs_running_key`), so
     # a busy key holds back nothing behind it; keyed jobs picked are not claimed by the
-    # statement's own update but by `claim_picked` (migration 0013), called at its end, which
-    # decides under the keys' locks (`transitions.admit_rated`, restated in SQL there): a claim
-    # is one round trip with limits or without.
+    # statement's own update but by `claim_picked_parking` (migration 0014, after 0013's
+    # `claim_picked`), called at its end, which decides under the keys' locks
+    # (`transitions.admit_rated`, restated in SQL there): a claim is one round trip with limits
+    # or without.
     # Parked jobs (migration 0011): `jobs_available` leaves parked rows out, and the scan of
     # available rows reads them with their `_KEY_FREE` as a column, counting the free ones (a
     # window whose run condition stops the index scan after `limit` free rows, or after
@@ -1784,11 +1787,11 @@ _QUERIES: dict[str, sql.SQL] = {
     # passed over for their rate, for `rate_park`, and the queue's earliest rate wake time,
     # which the claim passes to `rate_release` once it has come: one round trip more for each,
     # and only when there is something to park or a wake time has come. A picked job that
-    # `claim_picked` refuses for its rate (under the key's lock, several of one key in one
-    # pick) is parked by `claim_picked` itself, through `rate_park`, in the same statement; its
+    # `claim_picked_parking` refuses for its rate (under the key's lock, several of one key in
+    # one pick) is parked by it, through `rate_park`, in the same statement; its
     # slot comes back in the last row with the others'.
     "claim": sql.SQL(_claim_sql(limited=False)),
-    # Under a queue's global limit: every job picked goes to `claim_picked`, which counts the
+    # Under a queue's global limit: every job picked goes to `claim_picked_parking`, which counts the
     # queue's running jobs under the queue's lock.
     "claim_limited": sql.SQL(_claim_sql(limited=True)),
     # Jobs a claim passed over for their rate, parked under their keys' locks; and a queue's

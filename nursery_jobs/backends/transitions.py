@@ -20,7 +20,7 @@ decided here, once:
 - `admit` says which due jobs a claim may start under the per-key and per-queue limits: the
   one decision "may this job start", which every backend takes inside its claim (memory and
   SQLite call it on the candidates in claim order; PostgreSQL runs the same rule as SQL under
-  per-key locks, `claim_picked` in `pg_migrations/0013_claim_in_one_statement.sql`). A job's slot is its `running`
+  per-key locks, `claim_picked_parking` in `pg_migrations/0014_rate_parking.sql`). A job's slot is its `running`
   row: there is no other record to free, so a job that leaves `running` by any transition
   above (an outcome, a rescue) frees it in the same write.
 - `unparks` and `parked_can_start` say when a key's *parked* jobs come back. A due job that a
@@ -36,7 +36,8 @@ decided here, once:
   starts, and if not when its next slot comes; `admit_rated` applies it with the concurrency
   limits, `rate_log` says what a key's record becomes after a claim (its starts of the last
   window, at most `cap`), and `rate_idle` when the record may go. PostgreSQL runs the same rule
-  in `claim_picked` (migration 0013; `rate_slot` and `rate_record` from migration 0010).
+  in `claim_picked_parking` (migration 0014, after 0013's `claim_picked`; `rate_slot` and
+  `rate_record` from migration 0010).
 - `rate_release` says how many of a key's jobs parked for its rate come back when its next slot
   comes. A due job refused for its rate is parked too (on SQLite and PostgreSQL a flag that
   keeps it out of the claim's index, and the key's wake time in the queue), so a key over its

@@ -15,11 +15,15 @@
 -- best parked jobs, as many as its window admits now and no more (`transitions.rate_release`,
 -- restated below), and moves the wake to the next slot of the first one kept, or drops it.
 -- So each parked job is written twice (parked, back), never once per window, and a window
--- wakes at most its limit. Which jobs start is still decided by `claim_picked` alone, under the
--- key's lock: bringing a job back is always safe. A job the claim picked (its key open in the
--- statement's snapshot) that `claim_picked` refuses for its rate under the key's lock (several
--- of one key in one pick) is parked there and then, through `rate_park`: `claim_picked` is
--- replaced below to do so, with the same arguments and rows.
+-- wakes at most its limit. Which jobs start is still decided by the claim's function alone,
+-- under the key's lock: bringing a job back is always safe. A job the claim picked (its key open
+-- in the statement's snapshot) that it refuses for its rate under the key's lock (several of one
+-- key in one pick) is parked there and then, through `rate_park`: the claim statement of this
+-- version calls `claim_picked_parking` (below), migration 0013's `claim_picked` with that step.
+-- `claim_picked` itself stays as it was: a runtime of version 13, still claiming during a
+-- rolling deploy, never calls `rate_release`, so jobs it parked (with a wake time armed, which
+-- the repair leaves alone) would wait for a claim of this version; unparked, its refused jobs
+-- stay in claim order as before, and it reports their next slot to its fetcher.
 --
 -- Order within a key: while a key's wake time has come and its jobs are not back yet, the
 -- claim's scan treats the key as over its rate, so a job of the key enqueued later cannot
@@ -219,10 +223,9 @@ END
 $$;
 
 -- Migration 0013's claim_picked, parking the candidates it refuses for their rate (`rate_park`,
--- above; marked "park"): same arguments and rows, so the claim statement of a runtime of
--- version 13 calls it unchanged. Its parked jobs come back through `rate_release`, called by
--- the claims of this version, or at once through the repair if no wake time was armed.
-CREATE OR REPLACE FUNCTION {schema}.claim_picked(
+-- above; marked "park"), with the same arguments and rows. A new function, not a replacement:
+-- only the claims of this version, which call `rate_release`, may park (see the top).
+CREATE FUNCTION {schema}.claim_picked_parking(
     p_ids bigint[], p_keys text[], p_most integer[], p_rkeys text[], p_rlimits integer[],
     p_rpers double precision[], p_queue text, p_want integer, p_max_running integer, p_now double precision
 ) RETURNS TABLE (

@@ -398,7 +398,7 @@ def test_the_claim_reads_its_own_index_on_a_table_never_analyzed(pg_url: str) ->
 def test_the_claim_with_concurrency_keys_keeps_its_plan(pg_url: str, size: int) -> None:
     """Keyed backlogs (migration 0006): the available rows carry 1,000 keys, 500 of those keys
     have a job running. The claim passes over the busy keys with one probe of `jobs_running_key`
-    per keyed row it meets, under a global limit or not, and `claim_picked` (its locks, counts
+    per keyed row it meets, under a global limit or not, and `claim_picked_parking` (its locks, counts
     and update, called by the claim statement) touches a few buffers per job, never the table: with
     statistics gathered before any row ran and again after."""
     keyed = Table(pg_url)
@@ -420,9 +420,9 @@ def test_the_claim_with_concurrency_keys_keeps_its_plan(pg_url: str, size: int) 
                                ("claim_limited", {"now": 1e12, "queue": "q", "limit": 100, "max_running": 1_000_000})):  # fmt: skip
                 plan = explain_generic(keyed.conn, name, keyed.schema, args)
                 _check("claim", plan, max(size, 100_000))
-                (held,) = [n for n in _walk(plan["Plan"]) if n.get("Function Name") == "claim_picked"]
+                (held,) = [n for n in _walk(plan["Plan"]) if n.get("Function Name") == "claim_picked_parking"]
                 buffers = held.get("Shared Hit Blocks", 0) + held.get("Shared Read Blocks", 0)
                 picked = max(held["Actual Rows"], 1)
-                assert buffers <= 60 * picked, f"claim_picked at {size:,} rows: {buffers} buffers for {picked} jobs"
+                assert buffers <= 60 * picked, f"claim_picked_parking at {size:,} rows: {buffers} buffers for {picked} jobs"
     finally:
         keyed.conn.close()

@@ -81,7 +81,7 @@ async def test_a_claim_and_an_outcome_batch_are_one_round_trip_each(backend, wai
 
 async def test_a_claim_of_keyed_jobs_is_one_round_trip_too(backend, waits):
     """Keyed jobs (and a queue's global limit) are claimed under the limits' locks by
-    `claim_picked`, which the claim statement calls itself (migration 0013)."""
+    `claim_picked_parking`, which the claim statement calls itself (migrations 0013 and 0014)."""
     await backend.claim("q", 1)
     await backend.insert_many([NewJob("k", "q", "{}", 0, None, 3, None, f"key{i % 5}", 2) for i in range(20)])
     for max_running in (None, 100):
@@ -95,13 +95,14 @@ async def test_a_claim_of_keyed_jobs_is_one_round_trip_too(backend, waits):
         assert result is not None and len(result.jobs) == 4
 
 
-async def test_jobs_of_a_key_over_its_rate_that_claim_picked_refuses_are_parked_by_it(backend, waits, pg_url):
+async def test_jobs_of_a_key_over_its_rate_that_claim_picked_parking_refuses_are_parked_by_it(backend, waits, pg_url):
     """Under a queue's global limit, five due jobs of a key allowed 1 start per 60 s, which has
-    no record yet: the claim's scan sees the key open and picks all five, and `claim_picked`
-    starts one and refuses four for the rate under the key's lock. The claim looks no further
-    (a pick the limits cut short under a global limit), so `claim_picked` parks them itself
-    (migration 0014), with the key's wake time at its next slot, which the claim reports: one
-    round trip, and the next claim reads none of them, in one round trip too."""
+    no record yet: the claim's scan sees the key open and picks all five, and
+    `claim_picked_parking` starts one and refuses four for the rate under the key's lock. The
+    claim looks no further (a pick the limits cut short under a global limit), so
+    `claim_picked_parking` parks them itself (migration 0014), with the key's wake time at its
+    next slot, which the claim reports: one round trip, and the next claim reads none of them,
+    in one round trip too."""
     await backend.claim("q", 1)
     await backend.insert_many([NewJob("k", "q", "{}", 0, None, 3, None, None, None, "r", 1, 60.0) for _ in range(5)])
     results = []

@@ -50,7 +50,7 @@ def test_migrate_sets_the_jobs_tables_autovacuum_thresholds_on_a_version_4_schem
         # back to what version 4 left: no storage parameters
         conn.execute(f'DELETE FROM "{schema}".migrations WHERE version >= 5')
         conn.execute(f'DROP TABLE "{schema}".rate_wakes')  # back before version 14
-        conn.execute(f'DROP FUNCTION "{schema}".rate_park, "{schema}".rate_release')
+        conn.execute(f'DROP FUNCTION "{schema}".rate_park, "{schema}".rate_release, "{schema}".claim_picked_parking')
         conn.execute(f'ALTER TABLE "{schema}".jobs DROP COLUMN rate_wait')
         conn.execute(f'DROP FUNCTION "{schema}".claim_picked, "{schema}".lock_keys')  # back before version 13
         conn.execute(f'DROP FUNCTION "{schema}".unpark_keys, "{schema}".repair_parked')  # back before version 11
