@@ -258,6 +258,11 @@ def _repair_parked(conn: sqlite3.Connection, now: float) -> list[str]:
     slot brings back its best one; normally there is none (only a row written by something else
     can leave one; a parked job with no key, which no slot would bring back, always comes back).
     Returns the queue of each job brought back."""
+    # Waiting for a rate with no rate key (a row written by something else): the flag means
+    # nothing, and left set no branch below would bring the row back.
+    conn.execute(
+        "UPDATE nj_jobs SET rate_wait = 0 WHERE state = 'available' AND parked = 1 AND rate_wait = 1 AND rate_key IS NULL"
+    )
     unkeyed = conn.execute(
         "UPDATE nj_jobs SET parked = 0 WHERE state = 'available' AND parked = 1 AND concurrency_key IS NULL"
         " AND (rate_wait = 0 OR rate_key IS NULL) RETURNING queue"

@@ -207,3 +207,23 @@ async def test_a_job_parked_for_its_rate_with_no_wake_time_is_repaired_by_the_re
     finally:
         await backend.close()
     assert before.jobs == [] and [j.id for j in after.jobs] == [job.id]
+
+
+async def test_a_keyed_job_marked_waiting_for_a_rate_it_does_not_have_is_repaired_by_the_rescue_pass(
+    make_backend, damage: Damage, autojump_clock
+):
+    """A job with a concurrency key and no rate key marked parked for a rate by hand: no rate's
+    wake time and no key's freed slot would bring it back, so the rescuer's pass clears the
+    meaningless flag and repairs it as a parked job of its key (nothing of the key runs: it
+    starts)."""
+    backend = make_backend()
+    await backend.open()
+    try:
+        (job,) = await backend.insert_many([NewJob("keyed", "q", "{}", 0, None, 5, None, "k", 1)])
+        damage.write(backend, job.id, "parked = ?, rate_wait = ?", (True, True))
+        before = await backend.claim("q", 10)
+        await backend.rescue(backend.now() - 60)
+        after = await backend.claim("q", 10)
+    finally:
+        await backend.close()
+    assert before.jobs == [] and [j.id for j in after.jobs] == [job.id]

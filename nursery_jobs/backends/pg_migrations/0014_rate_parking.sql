@@ -182,6 +182,11 @@ DECLARE
     k text;
     head record;
 BEGIN
+    -- Waiting for a rate with no rate key (a row written by something else): the flag means
+    -- nothing, and left set no branch below would bring the row back. It becomes a job parked
+    -- for its concurrency key, or for none, which the branches below repair.
+    UPDATE {schema}.jobs j SET rate_wait = false
+        WHERE j.state = 'available' AND j.parked AND j.rate_wait AND j.rate_key IS NULL;
     -- Parked with no key: nothing limits them (a scan of `jobs_parked`'s NULL entries).
     RETURN QUERY UPDATE {schema}.jobs j SET parked = false
         WHERE j.concurrency_key IS NULL AND j.state = 'available' AND j.parked
