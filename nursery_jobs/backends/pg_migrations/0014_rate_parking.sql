@@ -227,9 +227,13 @@ BEGIN
 END
 $$;
 
--- Migration 0013's claim_picked, parking the candidates it refuses for their rate (`rate_park`,
--- above; marked "park"), with the same arguments and rows. A new function, not a replacement:
--- only the claims of this version, which call `rate_release`, may park (see the top).
+-- Migration 0013's claim_picked, then the parking of the candidates it left over their rate
+-- (`rate_park`, above), with the same arguments and rows. A new function, not a replacement:
+-- only the claims of this version, which call `rate_release`, may park (see the top). The
+-- admission rule stays in claim_picked alone; `rate_park` picks, among the candidates still
+-- available, those whose rate key has no start left now, after claim_picked recorded this
+-- claim's starts, and takes no lock claim_picked does not hold already. Without it, the
+-- refused jobs stay in claim order and every claim picks them again.
 CREATE FUNCTION {schema}.claim_picked_parking(
     p_ids bigint[], p_keys text[], p_most integer[], p_rkeys text[], p_rlimits integer[],
     p_rpers double precision[], p_queue text, p_want integer, p_max_running integer, p_now double precision
@@ -237,97 +241,11 @@ CREATE FUNCTION {schema}.claim_picked_parking(
     id bigint, kind text, queue text, args text, attempt integer, max_attempts integer, priority integer,
     run_at double precision
 ) LANGUAGE plpgsql VOLATILE AS $$
-#variable_conflict use_column
-DECLARE
-    space integer := hashtext('nursery_jobs claim_held ' || {schema_text});
-    rspace integer := hashtext('nursery_jobs rate_lock ' || {schema_text});
-    keys text[];
-    counts integer[];
-    picked bigint[] := ARRAY[]::bigint[];
-    room integer := p_want;
-    i integer;
-    rkeys text[];              -- rate: the locked rate keys
-    radded integer[];          -- rate: starts this claim made per rate key
-    rcaps integer[];           -- rate: the largest limit of the jobs it started, per key
-    rpers double precision[];  -- rate: the largest window, per key
-    rnext double precision;    -- rate: the earliest slot of a candidate refused for its rate
-    rrefused bigint[] := ARRAY[]::bigint[];  -- park: the candidates refused for their rate
-    slot double precision;
-    st double precision[];
-    ri integer;
 BEGIN
-    -- Each statement below must see what committed before it: READ COMMITTED's fresh snapshot
-    -- per statement is what makes the counts exact after the locks.
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'nursery_jobs claims need READ COMMITTED, not %', current_setting('transaction_isolation');
-    END IF;
-    IF p_max_running IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock(space, hashtext('queue ' || p_queue));
-    END IF;
-    keys := {schema}.lock_keys(space, 'key ', p_keys);
-    -- rate: the rate keys' locks, after the concurrency keys' (one order for every claimer).
-    rkeys := {schema}.lock_keys(rspace, 'rate ', p_rkeys);
-    radded := array_fill(0, ARRAY[cardinality(rkeys)]);
-    rcaps := array_fill(1, ARRAY[cardinality(rkeys)]);
-    rpers := array_fill(0::double precision, ARRAY[cardinality(rkeys)]);
-    IF p_max_running IS NOT NULL THEN
-        -- Through the rescuer's two indexes of running rows (migration 0004).
-        room := least(room, p_max_running
-            - (SELECT count(*)::integer FROM {schema}.jobs j
-                WHERE j.state = 'running' AND j.heartbeat_at IS NOT NULL AND j.queue = p_queue)
-            - (SELECT count(*)::integer FROM {schema}.jobs j
-                WHERE j.state = 'running' AND j.heartbeat_at IS NULL AND j.queue = p_queue));
-    END IF;
-    IF room <= 0 THEN
-        RETURN;
-    END IF;
-    SELECT coalesce(array_agg((SELECT count(*)::integer FROM {schema}.jobs r
-            WHERE r.state = 'running' AND r.concurrency_key = u.k) ORDER BY u.o), ARRAY[]::integer[])
-        INTO counts FROM unnest(keys) WITH ORDINALITY AS u(k, o);
-    -- `transitions.admit_rated`: in claim order, a job starts if its key has a slot (counting
-    -- the starts of this claim) and its rate key a start left in the window.
-    FOR n IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
-        IF p_keys[n] IS NOT NULL THEN
-            i := array_position(keys, p_keys[n]);
-            CONTINUE WHEN counts[i] >= p_most[n];
-        END IF;
-        IF p_rkeys[n] IS NOT NULL AND p_rpers[n] IS NOT NULL THEN  -- rate
-            ri := array_position(rkeys, p_rkeys[n]);
-            -- Read first, then the rule on plain values: so `rate_slot` is inlined into a simple
-            -- expression (with a sub-select for an argument it would run as a function call).
-            SELECT k.starts INTO st FROM {schema}.rate_keys k WHERE k.key = p_rkeys[n];
-            slot := {schema}.rate_slot(st, p_rlimits[n], p_rpers[n], p_now, radded[ri]);
-            IF slot IS NOT NULL THEN
-                rnext := least(rnext, slot);
-                rrefused := rrefused || p_ids[n];  -- park
-                CONTINUE;
-            END IF;
-            radded[ri] := radded[ri] + 1;
-            rcaps[ri] := greatest(rcaps[ri], p_rlimits[n]);
-            rpers[ri] := greatest(rpers[ri], p_rpers[n]);
-        END IF;
-        IF p_keys[n] IS NOT NULL THEN
-            counts[i] := counts[i] + 1;
-        END IF;
-        picked := picked || p_ids[n];
-        EXIT WHEN cardinality(picked) >= room;
-    END LOOP;
-    IF cardinality(rkeys) > 0 THEN
-        PERFORM {schema}.rate_record(rkeys, radded, rcaps, rpers, p_now);  -- rate
-    END IF;
-    IF cardinality(rrefused) > 0 THEN
-        -- Parked now, after the records (so `rate_slot` counts this claim's starts), under the
-        -- rate keys' locks this function holds already: `rate_lock` takes no new one. Without
-        -- it, the refused jobs stay in claim order and every claim picks them again.
-        PERFORM {schema}.rate_park(rrefused, p_queue, p_now);
-    END IF;
-    RETURN QUERY UPDATE {schema}.jobs j SET state = 'running', attempt = j.attempt + 1, attempted_at = p_now,
-        heartbeat_at = p_now
-        WHERE j.id = ANY(picked)
-        RETURNING j.id, j.kind, j.queue, j.args, j.attempt, j.max_attempts, j.priority, j.run_at;
-    IF rnext IS NOT NULL THEN
-        RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::integer, NULL::integer,
-            NULL::integer, rnext;
+    RETURN QUERY SELECT * FROM {schema}.claim_picked(
+        p_ids, p_keys, p_most, p_rkeys, p_rlimits, p_rpers, p_queue, p_want, p_max_running, p_now);
+    IF EXISTS (SELECT 1 FROM unnest(p_rkeys) AS u(k) WHERE u.k IS NOT NULL) THEN
+        PERFORM {schema}.rate_park(p_ids, p_queue, p_now);
     END IF;
 END
 $$;
