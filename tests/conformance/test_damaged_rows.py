@@ -135,21 +135,7 @@ async def test_a_row_with_unreadable_columns_is_set_aside_and_the_rest_goes_on(
     assert len(warnings) == 1 and f"job {ids[1]} set aside" in warnings[0] and column in warnings[0], warnings
 
 
-async def test_a_key_left_parked_with_a_free_slot_is_repaired_by_the_rescue_pass(make_backend, damage: Damage, autojump_clock):
-    """A job marked parked by hand (or by an older runtime) while nothing of its key runs: no
-    claim would read it, so the rescuer's pass brings it back, and it runs. (The backend alone,
-    with no runtime whose own rescuer could pass first.)"""
-    backend = make_backend()
-    await backend.open()
-    try:
-        (job,) = await backend.insert_many([NewJob("keyed", "q", "{}", 0, None, 5, None, "k", 1)])
-        damage.write(backend, job.id, "parked = ?", (True,))
-        before = await backend.claim("q", 10)
-        await backend.rescue(backend.now() - 60)
-        after = await backend.claim("q", 10)
-    finally:
-        await backend.close()
-    assert before.jobs == [] and [j.id for j in after.jobs] == [job.id]
+
 
 
 async def test_a_keyed_row_set_aside_by_the_claim_frees_its_keys_slot(make_backend, damage: Damage, autojump_clock):
@@ -174,53 +160,33 @@ async def test_a_keyed_row_set_aside_by_the_claim_frees_its_keys_slot(make_backe
     assert [j.id for j in after.jobs] == [second]
 
 
-async def test_a_parked_row_with_no_key_is_repaired_by_the_rescue_pass(make_backend, damage: Damage, autojump_clock):
-    """A job with no concurrency key marked parked by hand: no key's freed slot would ever bring
-    it back, so the rescuer's pass does, and it runs."""
+# A job marked parked by hand (or by an older runtime) that no claim would read and no freed
+# slot or rate window would bring back: the rescuer's pass does (the backend alone, with no
+# runtime whose own rescuer could pass first), and the next claim starts it.
+_LEFT_PARKED = {
+    # its key's slot is free: nothing of the key runs
+    "key with a free slot": (NewJob("keyed", "q", "{}", 0, None, 5, None, "k", 1), "parked = ?", (True,)),
+    # no key: no key's freed slot would ever bring it back
+    "no key": (NewJob("plain", "q", "{}", 0, None, 5, None), "parked = ?", (True,)),
+    # parked for its rate, with no wake time for its key: the pass wakes the key
+    "rate with no wake time": (
+        NewJob("rated", "q", "{}", 0, None, 5, None, None, None, "r", 1, 60.0),
+        "parked = ?, rate_wait = ?",
+        (True, True),
+    ),
+    # marked waiting for a rate it does not have: the pass clears the meaningless flag
+    "rate flag, no rate key": (NewJob("keyed", "q", "{}", 0, None, 5, None, "k", 1), "parked = ?, rate_wait = ?", (True, True)),
+}
+
+
+@pytest.mark.parametrize("case", list(_LEFT_PARKED))
+async def test_a_row_left_parked_is_repaired_by_the_rescue_pass(make_backend, damage: Damage, autojump_clock, case):
+    new, columns, values = _LEFT_PARKED[case]
     backend = make_backend()
     await backend.open()
     try:
-        (job,) = await backend.insert_many([NewJob("plain", "q", "{}", 0, None, 5, None)])
-        damage.write(backend, job.id, "parked = ?", (True,))
-        before = await backend.claim("q", 10)
-        await backend.rescue(backend.now() - 60)
-        after = await backend.claim("q", 10)
-    finally:
-        await backend.close()
-    assert before.jobs == [] and [j.id for j in after.jobs] == [job.id]
-
-
-async def test_a_job_parked_for_its_rate_with_no_wake_time_is_repaired_by_the_rescue_pass(
-    make_backend, damage: Damage, autojump_clock
-):
-    """A rate-keyed job marked parked for its rate by hand, so its key has no wake time in its
-    queue: no claim would bring it back, so the rescuer's pass wakes the key, and the next claim
-    starts it (its key's window is empty)."""
-    backend = make_backend()
-    await backend.open()
-    try:
-        (job,) = await backend.insert_many([NewJob("rated", "q", "{}", 0, None, 5, None, None, None, "r", 1, 60.0)])
-        damage.write(backend, job.id, "parked = ?, rate_wait = ?", (True, True))
-        before = await backend.claim("q", 10)
-        await backend.rescue(backend.now() - 60)
-        after = await backend.claim("q", 10)
-    finally:
-        await backend.close()
-    assert before.jobs == [] and [j.id for j in after.jobs] == [job.id]
-
-
-async def test_a_keyed_job_marked_waiting_for_a_rate_it_does_not_have_is_repaired_by_the_rescue_pass(
-    make_backend, damage: Damage, autojump_clock
-):
-    """A job with a concurrency key and no rate key marked parked for a rate by hand: no rate's
-    wake time and no key's freed slot would bring it back, so the rescuer's pass clears the
-    meaningless flag and repairs it as a parked job of its key (nothing of the key runs: it
-    starts)."""
-    backend = make_backend()
-    await backend.open()
-    try:
-        (job,) = await backend.insert_many([NewJob("keyed", "q", "{}", 0, None, 5, None, "k", 1)])
-        damage.write(backend, job.id, "parked = ?, rate_wait = ?", (True, True))
+        (job,) = await backend.insert_many([new])
+        damage.write(backend, job.id, columns, values)
         before = await backend.claim("q", 10)
         await backend.rescue(backend.now() - 60)
         after = await backend.claim("q", 10)
