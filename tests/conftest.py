@@ -25,8 +25,15 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
 
 
 def _as_ctrl_c(signum: int, frame: object) -> None:
-    # Whatever handles Ctrl-C at this moment (Python's, or Trio's inside a run) handles it.
-    os.kill(os.getpid(), signal.SIGINT)
+    # Whatever handles Ctrl-C at this moment (Python's, or Trio's inside a run) handles it, called
+    # here rather than by sending SIGINT: a SIGINT sent from this handler would only be looked at
+    # when the interpreter next checks for signals, and a blocking call entered before that
+    # would hold it for the whole call.
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+    else:
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 @pytest.hookimpl(trylast=True)

@@ -32,7 +32,11 @@ PLANTED = textwrap.dedent(
         pathlib.Path(os.environ["NJ_PLANTED_READY"]).write_text(pg_url)
         if os.environ["NJ_PLANTED_MODE"] == "fail":
             assert False, "the planted failure"
-        time.sleep(600)  # until the parent signals
+        # Until the parent signals, in short sleeps: a signal that lands just before a
+        # blocking call is only handled when the call returns (CPython checks for signals
+        # between bytecodes), so one long sleep could hold it for ten minutes.
+        for _ in range(6000):
+            time.sleep(0.1)
     """
 )
 
