@@ -813,11 +813,12 @@ class PostgresBackend:
                     if r[0] is not None:
                         jobs.append(r)
                         continue
-                    next_due, held, taken, parked, slot, rate_ids, wake = r[7:14]
-                    # Under a global limit, a pick the limits cut short means the queue is full:
-                    # nothing more may start. Else what they passed over, and what was parked,
-                    # may hide startable jobs behind it.
-                    full = max_running is not None and taken < held
+                    next_due, held, taken, parked, slot, rate_ids, wake, room = r[7:15]
+                    # The queue is full only when `claim_picked` found no room left under its
+                    # global limit (migration 0015): then nothing more may start. A pick the
+                    # keys or the rates cut short is not a full queue: what they passed over,
+                    # and what was parked, may hide startable jobs behind it.
+                    full = room is not None and room <= 0
                     more = not full and (parked > 0 or taken < held)
                     if slot is not None and (rate_next is None or slot < rate_next):
                         rate_next = slot  # a rate key's next slot, seen under its lock (migration 0010)
@@ -1646,9 +1647,9 @@ def _claim_sql(*, limited: bool) -> str:
         "  WHERE (SELECT ids FROM hold) IS NOT NULL AND (SELECT count(*) FROM promoted) >= 0"
         "   AND (SELECT count(*) FROM parked) >= 0 AND (SELECT count(*) FROM claimed) >= 0)"
         " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, NULL::int, NULL::int, NULL::bigint,"
-        "  NULL::float8, NULL::bigint[], NULL::float8 FROM claimed"
+        "  NULL::float8, NULL::bigint[], NULL::float8, NULL::int FROM claimed"
         " UNION ALL"
-        " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, NULL, NULL, NULL, NULL, NULL, NULL"
+        " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL"
         "  FROM held WHERE id IS NOT NULL"
         " UNION ALL"
         " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
@@ -1660,7 +1661,10 @@ def _claim_sql(*, limited: bool) -> str:
         # the queue's earliest rate wake time, for `rate_release` once it has come.
         "  ARRAY(SELECT id FROM scan WHERE NOT rfree UNION ALL SELECT id FROM due d"
         "   WHERE d.rate_key IS NOT NULL AND NOT " + _RATE_OPEN.format(t="d") + "),"
-        "  (SELECT min(wake) FROM {s}.rate_wakes WHERE queue = %(queue)s)"
+        "  (SELECT min(wake) FROM {s}.rate_wakes WHERE queue = %(queue)s),"
+        # The room `claim_picked` left under the queue's global limit (migration 0015; NULL: not
+        # called, or no global limit): 0 is a full queue, more is a pick the keys cut short.
+        "  (SELECT min(attempt) FROM held WHERE id IS NULL)"
     )
 
 

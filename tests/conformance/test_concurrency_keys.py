@@ -112,3 +112,46 @@ async def test_a_key_function_that_raises_is_an_args_error_naming_the_kind(make_
         with pytest.raises(nj.ArgsError, match="concurrency key of job 'deliver'"):
             await rt.enqueue_many("deliver", [{"endpoint_id": 1}, {"endpoint_id": "\x00"}])
         assert (await rt.stats())["default"].available == 0  # the batch was refused whole
+
+
+@pytest.mark.parametrize("limited", ["concurrency_key", "rate"])
+async def test_under_global_max_workers_a_key_refused_in_the_pick_holds_back_no_unlimited_job(
+    make_backend, autojump_clock, limited
+) -> None:
+    """A queue with `global_max_workers` 5 and 5 workers: 3 jobs of one key first in claim
+    order (a limit of 1 at once, or 1 start per 100 s), then 4 jobs with no limit. The claim
+    due at 1 s starts one of the key's jobs and all 4 others: the room is 5, and only the key
+    refuses the rest. A claim cut short by a key or a rate is not a full queue (it looks again
+    at once); one cut short by the room is (the peak stays 5)."""
+    app = nj.App()
+    app.queue("q", max_workers=5, timeout=300, global_max_workers=5)
+    started: list[str | None] = []
+    now_running = 0
+    peak = 0
+    key = lambda args: args["key"]  # noqa: E731 - None for the jobs with no limit
+    limits: dict[str, Any] = (
+        {"concurrency_key": key, "max_concurrent": 1} if limited == "concurrency_key" else {"rate": nj.Rate(1, per=100), "rate_key": key}
+    )
+
+    @app.job(queue="q", **limits)
+    async def work(ctx: nj.JobContext, key: str | None, n: int) -> None:
+        nonlocal now_running, peak
+        started.append(key)
+        now_running += 1
+        peak = max(peak, now_running)
+        try:
+            await trio.sleep(50)
+        finally:
+            now_running -= 1
+
+    async with nj.open_runtime(app, backend=make_backend(), grace=0) as rt:
+        # Due in 1 s: one claim finds them all due at once (a wake-up of the insert, or its
+        # NOTIFY heard back, claims before they are due and sets the fetcher's timer to 1 s).
+        ids = await rt.enqueue_many(
+            work, [{"key": "k", "n": n} for n in range(3)] + [{"key": None, "n": n} for n in range(4)], delay=1
+        )
+        await trio.sleep(6)  # far less than a poll (60 s), the rate's slot (100 s) or a job (50 s)
+        assert started.count("k") == 1 and started.count(None) == 4, started
+        for job_id in ids:
+            assert (await rt.wait(job_id, timeout=600)).state is nj.JobState.COMPLETED
+    assert peak == 5

@@ -123,7 +123,7 @@ async def test_a_version_1_schema_is_refused_then_upgraded_by_migrate(pg_url):
     import nursery_jobs as nj
     from nursery_jobs.backends.postgres import LATEST_VERSION, migrate
 
-    assert LATEST_VERSION == 14
+    assert LATEST_VERSION == 15
     schema = pgutil.new_schema(pg_url)
     with psycopg.connect(pg_url, autocommit=True) as conn:  # back to what version 1 left
         conn.execute(f'DELETE FROM "{schema}".migrations WHERE version >= 2')
@@ -133,7 +133,6 @@ async def test_a_version_1_schema_is_refused_then_upgraded_by_migrate(pg_url):
         conn.execute(f'DROP FUNCTION "{schema}".claim_picked, "{schema}".lock_keys')  # back before version 13
         conn.execute(f'DROP TABLE "{schema}".rate_keys')  # back before version 10
         conn.execute(f'DROP FUNCTION "{schema}".rate_slot, "{schema}".rate_lock, "{schema}".rate_record')
-        conn.execute(f'DROP INDEX "{schema}".jobs_pending_rate')
         conn.execute(f'ALTER TABLE "{schema}".jobs DROP COLUMN rate_key, DROP COLUMN rate_limit, DROP COLUMN rate_per')
         conn.execute(f'DROP TABLE "{schema}".outbox')  # back before version 9
         conn.execute(f'DROP TABLE "{schema}".schedules, "{schema}".locks')  # back before version 8
@@ -158,13 +157,14 @@ async def test_a_version_1_schema_is_refused_then_upgraded_by_migrate(pg_url):
             f'CREATE INDEX jobs_claim ON "{schema}".jobs (queue, priority DESC, run_at, id)'
             " WHERE state IN ('available', 'scheduled', 'retryable')"
         )
-    with pytest.raises(nj.ConfigError, match="is at version 1, this nursery_jobs needs 14"):
+    with pytest.raises(nj.ConfigError, match="is at version 1, this nursery_jobs needs 15"):
         async with nj.open_runtime(nj.App(), backend=PostgresBackend(pg_url, schema=schema), queues=[]):
             pass
     assert migrate(pg_url, schema) == ["0002_claim_due_only.sql", "0003_args_as_text.sql", "0004_plans_that_hold.sql", "0005_less_bloat.sql",
                                        "0006_concurrency_keys.sql", "0008_schedules_and_locks.sql", "0009_outbox.sql",
                                        "0010_rate_limits.sql", "0011_parked_keys.sql", "0012_parked_counted.sql",
-                                       "0013_claim_in_one_statement.sql", "0014_rate_parking.sql"]
+                                       "0013_claim_in_one_statement.sql", "0014_rate_parking.sql",
+                                       "0015_claim_reasons.sql"]
     with psycopg.connect(pg_url, autocommit=True) as conn:
         names = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s", (schema,))}
         (args_type,) = conn.execute(

@@ -45,7 +45,7 @@ def _reloptions(conn: psycopg.Connection[Any], schema: str) -> dict[str, str]:
 def test_migrate_sets_the_jobs_tables_autovacuum_thresholds_on_a_version_4_schema(pg_url: str) -> None:
     schema = pgutil.new_schema(pg_url)
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        assert LATEST_VERSION == 14
+        assert LATEST_VERSION == 15
         assert _reloptions(conn, schema) == EXPECTED  # a new schema has them
         # back to what version 4 left: no storage parameters
         conn.execute(f'DELETE FROM "{schema}".migrations WHERE version >= 5')
@@ -60,7 +60,6 @@ def test_migrate_sets_the_jobs_tables_autovacuum_thresholds_on_a_version_4_schem
         )
         conn.execute(f'DROP TABLE "{schema}".rate_keys')  # back before version 10
         conn.execute(f'DROP FUNCTION "{schema}".rate_slot, "{schema}".rate_lock, "{schema}".rate_record')
-        conn.execute(f'DROP INDEX "{schema}".jobs_pending_rate')
         conn.execute(f'ALTER TABLE "{schema}".jobs DROP COLUMN rate_key, DROP COLUMN rate_limit, DROP COLUMN rate_per')
         conn.execute(f'DROP TABLE "{schema}".outbox')  # back before version 9
         conn.execute(f'DROP TABLE "{schema}".schedules, "{schema}".locks')  # back before version 8 too
@@ -81,13 +80,13 @@ def test_migrate_sets_the_jobs_tables_autovacuum_thresholds_on_a_version_4_schem
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout == f"schema '{schema}': applied 0005_less_bloat.sql, 0006_concurrency_keys.sql, 0008_schedules_and_locks.sql, 0009_outbox.sql, 0010_rate_limits.sql, 0011_parked_keys.sql, 0012_parked_counted.sql, 0013_claim_in_one_statement.sql, 0014_rate_parking.sql\n"
+    assert done.stdout == f"schema '{schema}': applied 0005_less_bloat.sql, 0006_concurrency_keys.sql, 0008_schedules_and_locks.sql, 0009_outbox.sql, 0010_rate_limits.sql, 0011_parked_keys.sql, 0012_parked_counted.sql, 0013_claim_in_one_statement.sql, 0014_rate_parking.sql, 0015_claim_reasons.sql\n"
     with psycopg.connect(pg_url, autocommit=True) as conn:
         assert _reloptions(conn, schema) == EXPECTED
-        assert schema_version(conn, schema) == 14
+        assert schema_version(conn, schema) == 15
         indexes = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s AND tablename = 'jobs'", (schema,))}
         assert indexes == {"jobs_pkey", "jobs_available", "jobs_waiting", "jobs_running", "jobs_running_unbeaten",
-                           "jobs_finalized", "jobs_unique", "jobs_running_key", "jobs_pending_rate", "jobs_parked", "jobs_parked_queue",
+                           "jobs_finalized", "jobs_unique", "jobs_running_key", "jobs_parked", "jobs_parked_queue",
                            "jobs_rate_parked"}  # fmt: skip
         (fillfactor,) = conn.execute(
             "SELECT count(*) FROM pg_class c, unnest(c.reloptions) o WHERE c.oid = %s::regclass AND o LIKE 'fillfactor%%'",

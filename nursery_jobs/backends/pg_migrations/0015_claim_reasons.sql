@@ -1,0 +1,145 @@
+-- nursery_jobs schema, version 15: a claim under a queue's global limit tells a full queue from
+-- a pick the keys cut short; a key's rate record is sized for every rate weighed against it;
+-- the rescuer's repair of rate-parked jobs does bounded work per pass; `jobs_pending_rate` goes.
+--
+-- 1. Room. Under `global_max_workers` every picked job goes to `claim_picked`, and the claim
+--    took "fewer started than picked" to mean the queue was full, so it did not look again: a
+--    pick that a concurrency key (several of one key in one pick) or a rate refused in part
+--    ended the claim, and the queue's unlimited jobs behind waited for the key's next slot or a
+--    poll (3 of 5 startable jobs in one claim, against 5 on SQLite and memory). `claim_picked`
+--    now says why it stopped: its row with a NULL id (which carried, and still carries, the
+--    earliest slot of a job refused for its rate in `run_at`) comes whenever the queue has a
+--    global limit, with the room left under it after its own starts in `attempt`. The claim
+--    counts the queue as full only when that is 0; otherwise it looks again. (A runtime of
+--    version 13 or 14 reads the NULL row's `run_at` only, through min(): a row whose `run_at`
+--    is NULL changes nothing for it.)
+-- 2. Mixed rates. Jobs of one rate key may carry different rates (two kinds sharing a key);
+--    each is admitted by its own rate over the key's recorded starts, and the record keeps the
+--    latest `cap` starts less than `per` old. `cap` and `per` were the largest limit and window
+--    of the jobs that *started*: a job refused in the same claim with a larger limit or window
+--    than those could find, in the record written after the claim, fewer starts than the ones
+--    that refused it, so `rate_park`'s recheck left it unparked (or armed a later wake) and the
+--    next claim started it over its own rate. Now `cap` and `per` grow with every job weighed
+--    against the key's rate, started or refused (`transitions.Admission.rate_sized`), on every
+--    backend, so the recheck sees what the claim saw.
+-- 3. The repair (`repair_parked`, the rescuer's pass) read every rate-parked index entry on
+--    each pass (a loose scan of `jobs_rate_parked` whose every step re-read the entries of the
+--    (queue, key) before): with a backlog of 100,000 parked jobs, each pass read them all. It now
+--    steps from key to key through the index with a bounded number of probes per pass, and the
+--    next pass goes on from where this one stopped (`repair_cursor`).
+-- 4. `jobs_pending_rate` (migration 0010) was read by the claim's next-slot pass, which
+--    migration 0014 removed: no statement reads it, and every insert of a rate-keyed job and
+--    every claim and outcome of one writes it (the row enters or leaves its predicate, so no
+--    update of it is HOT). Dropped; the jobs parked for their rate have `jobs_rate_parked`.
+DROP INDEX IF EXISTS {schema}.jobs_pending_rate;
+
+CREATE OR REPLACE FUNCTION {schema}.claim_picked(
+    p_ids bigint[], p_keys text[], p_most integer[], p_rkeys text[], p_rlimits integer[],
+    p_rpers double precision[], p_queue text, p_want integer, p_max_running integer, p_now double precision
+) RETURNS TABLE (
+    id bigint, kind text, queue text, args text, attempt integer, max_attempts integer, priority integer,
+    run_at double precision
+) LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    space integer := hashtext('nursery_jobs claim_held ' || {schema_text});
+    rspace integer := hashtext('nursery_jobs rate_lock ' || {schema_text});
+    keys text[];
+    counts integer[];
+    picked bigint[] := ARRAY[]::bigint[];
+    room integer := p_want;
+    i integer;
+    rkeys text[];              -- rate: the locked rate keys
+    radded integer[];          -- rate: starts this claim made per rate key
+    rcaps integer[];           -- rate: the largest limit of the jobs it weighed, per key
+    rpers double precision[];  -- rate: the longest window, per key
+    rgrow boolean := false;    -- rate: a key with no start here weighed a job (its record may grow)
+    rnext double precision;    -- rate: the earliest slot of a candidate refused for its rate
+    slot double precision;
+    st double precision[];
+    ri integer;
+BEGIN
+    -- Each statement below must see what committed before it: READ COMMITTED's fresh snapshot
+    -- per statement is what makes the counts exact after the locks.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'nursery_jobs claims need READ COMMITTED, not %', current_setting('transaction_isolation');
+    END IF;
+    IF p_max_running IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(space, hashtext('queue ' || p_queue));
+    END IF;
+    keys := {schema}.lock_keys(space, 'key ', p_keys);
+    -- rate: the rate keys' locks, after the concurrency keys' (one order for every claimer).
+    rkeys := {schema}.lock_keys(rspace, 'rate ', p_rkeys);
+    radded := array_fill(0, ARRAY[cardinality(rkeys)]);
+    rcaps := array_fill(1, ARRAY[cardinality(rkeys)]);
+    rpers := array_fill(0::double precision, ARRAY[cardinality(rkeys)]);
+    IF p_max_running IS NOT NULL THEN
+        -- Through the rescuer's two indexes of running rows (migration 0004).
+        room := least(room, p_max_running
+            - (SELECT count(*)::integer FROM {schema}.jobs j
+                WHERE j.state = 'running' AND j.heartbeat_at IS NOT NULL AND j.queue = p_queue)
+            - (SELECT count(*)::integer FROM {schema}.jobs j
+                WHERE j.state = 'running' AND j.heartbeat_at IS NULL AND j.queue = p_queue));
+    END IF;
+    IF room <= 0 THEN
+        -- The queue is full: the NULL row says so (no room left), and the claim stops.
+        RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, 0, NULL::integer, NULL::integer,
+            NULL::double precision;
+        RETURN;
+    END IF;
+    SELECT coalesce(array_agg((SELECT count(*)::integer FROM {schema}.jobs r
+            WHERE r.state = 'running' AND r.concurrency_key = u.k) ORDER BY u.o), ARRAY[]::integer[])
+        INTO counts FROM unnest(keys) WITH ORDINALITY AS u(k, o);
+    -- `transitions.admit_rated`: in claim order, a job starts if its key has a slot (counting
+    -- the starts of this claim) and its rate key a start left in the window.
+    FOR n IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
+        IF p_keys[n] IS NOT NULL THEN
+            i := array_position(keys, p_keys[n]);
+            CONTINUE WHEN counts[i] >= p_most[n];
+        END IF;
+        IF p_rkeys[n] IS NOT NULL AND p_rpers[n] IS NOT NULL THEN  -- rate
+            ri := array_position(rkeys, p_rkeys[n]);
+            -- Weighed against the key's rate: the record is sized for it, started or not.
+            rcaps[ri] := greatest(rcaps[ri], p_rlimits[n]);
+            rpers[ri] := greatest(rpers[ri], p_rpers[n]);
+            -- Read first, then the rule on plain values: so `rate_slot` is inlined into a simple
+            -- expression (with a sub-select for an argument it would run as a function call).
+            SELECT k.starts INTO st FROM {schema}.rate_keys k WHERE k.key = p_rkeys[n];
+            slot := {schema}.rate_slot(st, p_rlimits[n], p_rpers[n], p_now, radded[ri]);
+            IF slot IS NOT NULL THEN
+                rnext := least(rnext, slot);
+                rgrow := rgrow OR radded[ri] = 0;
+                CONTINUE;
+            END IF;
+            radded[ri] := radded[ri] + 1;
+        END IF;
+        IF p_keys[n] IS NOT NULL THEN
+            counts[i] := counts[i] + 1;
+        END IF;
+        picked := picked || p_ids[n];
+        EXIT WHEN cardinality(picked) >= room;
+    END LOOP;
+    IF cardinality(rkeys) > 0 THEN
+        PERFORM {schema}.rate_record(rkeys, radded, rcaps, rpers, p_now);  -- rate: the keys that started jobs
+    END IF;
+    IF rgrow THEN
+        -- rate: a key that only refused here keeps its starts, sized for what it weighed
+        -- (`transitions.rate_sized_record`): a later start must not trim what these jobs count.
+        UPDATE {schema}.rate_keys r SET cap = greatest(r.cap, u.c), per = greatest(r.per, u.p)
+            FROM unnest(rkeys, radded, rcaps, rpers) AS u(k, n, c, p)
+            WHERE r.key = u.k AND u.n = 0 AND (r.cap < u.c OR r.per < u.p);
+    END IF;
+    RETURN QUERY UPDATE {schema}.jobs j SET state = 'running', attempt = j.attempt + 1, attempted_at = p_now,
+        heartbeat_at = p_now
+        WHERE j.id = ANY(picked)
+        RETURNING j.id, j.kind, j.queue, j.args, j.attempt, j.max_attempts, j.priority, j.run_at;
+    -- One row with a NULL id: in `run_at` the earliest slot of a candidate refused for its rate,
+    -- in `attempt` the room left under the queue's global limit after these starts (NULL: no
+    -- global limit). A caller that finds room left looks again behind what the keys refused.
+    IF rnext IS NOT NULL OR p_max_running IS NOT NULL THEN
+        RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text,
+            CASE WHEN p_max_running IS NOT NULL THEN room - cardinality(picked) END, NULL::integer,
+            NULL::integer, rnext;
+    END IF;
+END
+$$;
