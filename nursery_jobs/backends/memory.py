@@ -111,8 +111,9 @@ class _Row:
 
 
 class _RateLog:
-    """A rate key's latest starts, ascending (at most `cap`), and the largest limit and window
-    its jobs carried."""
+    """A rate key's latest starts, ascending (at most `cap` between claims: a claim appends its
+    starts and trims the log once, at its end), and the largest limit and window of the jobs a
+    claim weighed against it (`Admission.rate_sized`)."""
 
     __slots__ = ("cap", "per", "starts")
 
@@ -187,6 +188,8 @@ class MemoryBackend:
         self._parked_dead: dict[str, int] = {}
         """key -> its jobs cancelled since its parked entries were last compacted (at most)."""
         self._rates: dict[str, _RateLog] = {}
+        self._rate_trim: dict[str, _RateLog] = {}
+        """The logs the claim in progress appended starts to: each trimmed once, at its end."""
         """Rate key -> its latest starts (keys idle longer than their window are dropped)."""
         self._next_id = 1
         self._outbox: dict[int, tuple[str, str]] = {}
@@ -546,6 +549,7 @@ class MemoryBackend:
         counts, running = q.counts, self._running
         if max_running is not None:
             limit = min(limit, max_running - counts[_R])
+        trim = self._rate_trim
         while due and len(claimed) < limit:
             entry = heapq.heappop(due)
             job_id, version = entry[2], entry[3]
@@ -579,6 +583,10 @@ class MemoryBackend:
                 next_due = run_at
                 break
             heapq.heappop(waiting)
+        if trim:
+            for log in trim.values():  # once per claim, as the durable backends write a record once
+                log.starts = rate_log(log.starts, 0, now, log.cap, log.per)
+            trim.clear()
         wake = q.rate_wake
         while wake and q.rate_armed.get(wake[0][1]) != wake[0][0]:
             heapq.heappop(wake)  # superseded by the key's later wake
@@ -602,6 +610,9 @@ class MemoryBackend:
             want=1,
             now=now,
         )
+        if log is not None and verdict.rate_sized:  # weighed against its rate: the log is kept for it
+            log.cap = max(log.cap, row.rlimit)
+            log.per = max(log.per, row.rper)
         if not verdict.started:
             slot = verdict.rate_next
             if slot is None:  # its concurrency key is full
@@ -620,9 +631,9 @@ class MemoryBackend:
             return False
         if log is None:
             log = self._rates[rkey] = _RateLog()
-        log.cap = max(log.cap, row.rlimit)
-        log.per = max(log.per, row.rper)
-        log.starts = rate_log(log.starts, 1, now, log.cap, log.per)
+            log.cap, log.per = row.rlimit, row.rper
+        log.starts.append(now)
+        self._rate_trim[rkey] = log  # trimmed at the claim's end
         return True
 
     def _rate_unpark(self, q: _QueueState, now: float) -> None:

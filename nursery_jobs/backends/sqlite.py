@@ -351,22 +351,25 @@ def _rate_of(key: Any, limit: Any, per: Any) -> tuple[str, int, float] | None:
 def _record_starts(
     conn: sqlite3.Connection,
     starts: _RateStarts,
-    rates: Sequence[tuple[str, int, float] | None],
+    sized: Mapping[str, tuple[int, float]],
     added: Mapping[str, int],
     now: float,
 ) -> None:
-    """Each rate key's record after the claim: its latest starts (`transitions.rate_log`), with
-    the largest limit and window of the jobs it started."""
-    for key, n in added.items():
+    """Each rate key's record after the claim: its latest starts (`transitions.rate_log`), kept
+    for the largest limit and window of the jobs the claim weighed against it (`rate_sized`);
+    a key that only refused jobs keeps its starts, its `cap` and `per` grown to those."""
+    for key, (most, longest) in sized.items():
         old, cap, per = starts.read.get(key) or ([], 1, 0.0)
-        for rate in rates:
-            if rate is not None and rate[0] == key:
-                cap, per = max(cap, rate[1]), max(per, rate[2])
-        conn.execute(
-            "INSERT INTO nj_rate (key, starts, cap, per, last) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (key)"
-            " DO UPDATE SET starts = ?2, cap = ?3, per = ?4, last = ?5",
-            (key, json.dumps(rate_log(old, n, now, cap, per)), cap, per, now),
-        )
+        grown = max(cap, most), max(per, longest)
+        n = added.get(key, 0)
+        if n:
+            conn.execute(
+                "INSERT INTO nj_rate (key, starts, cap, per, last) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (key)"
+                " DO UPDATE SET starts = ?2, cap = ?3, per = ?4, last = ?5",
+                (key, json.dumps(rate_log(old, n, now, *grown)), *grown, now),
+            )
+        elif grown != (cap, per):
+            conn.execute("UPDATE nj_rate SET cap = ?2, per = ?3 WHERE key = ?1", (key, *grown))
 
 
 def _rate_wake_release(conn: sqlite3.Connection, queue: str, now: float, starts: _RateStarts) -> int:
@@ -1117,18 +1120,21 @@ class SqliteBackend:
             )
             picked = [due[i] for i in verdict.started]
             cur.close()
-            if verdict.rate_started:
-                _record_starts(conn, starts, [rates[i] for i in picked], verdict.rate_started, now)
             over_key = _passed_over(seen, due, picked, running)
             # Read and not started, its key not full, and over its rate after this claim's
             # starts: passed over for its rate alone, parked with its next slot.
             refused: list[tuple[int, str, float, str | None]] = []
+            sized = dict(verdict.rate_sized)
             for i in sorted(set(due).difference(picked, over_key)):
                 rate = rates[i]
                 if rate is not None:
                     slot = rate_slot(starts[rate[0]], rate[1], rate[2], now, verdict.rate_started.get(rate[0], 0))
                     if slot is not None:
                         refused.append((seen[i][0], rate[0], slot, seen[i][1]))
+                        most, longest = sized.get(rate[0], (1, 0.0))
+                        sized[rate[0]] = max(most, rate[1]), max(longest, rate[2])
+            if sized:  # the records of the keys it weighed or parked jobs of, sized for them
+                _record_starts(conn, starts, sized, verdict.rate_started, now)
             _rate_park(conn, queue, refused)
             rate_next = min((r[2] for r in refused), default=None)
             ids = [seen[i][0] for i in picked]

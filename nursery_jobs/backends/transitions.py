@@ -261,6 +261,10 @@ class Admission(NamedTuple):
     """The earliest time a candidate refused for its rate gets a slot (None: none was)."""
     rate_started: dict[str, int]
     """Starts this claim makes per rate key: each is recorded at the claim's `now`."""
+    rate_sized: dict[str, tuple[int, float]]
+    """Per rate key, the largest limit and the longest window of the candidates weighed against
+    its rate (started or refused): the key's record is kept for at least these (`rate_log`'s
+    `cap` and `per`), so a job refused here is refused again by the record written after it."""
 
 
 def admit_rated(
@@ -278,11 +282,18 @@ def admit_rated(
     concurrency limit admits it and `rate_slot` says its rate does, counting the starts this
     claim made before it (each at `now`); a candidate refused for its rate is skipped like one
     refused for its key, and the earliest time such a candidate gets a slot is reported, so the
-    caller sleeps exactly until then."""
+    caller sleeps exactly until then.
+
+    Jobs of one rate key may carry different rates (two kinds sharing a key): each is weighed
+    by its own limit and window over the key's starts, and the largest limit and window weighed
+    per key come back in `rate_sized`, which the caller folds into the key's record (its `cap`
+    and `per`, even when the key started nothing in this claim) before it trims it, at the
+    claim's end, never between two candidates of one claim."""
     started: list[int] = []
     rated: dict[str, int] = {}
+    sized: dict[str, tuple[int, float]] = {}
     if want <= 0 or (max_running is not None and queue_running >= max_running):
-        return Admission(started, None, rated)
+        return Admission(started, None, rated, sized)
     room = want if max_running is None else min(want, max_running - queue_running)
     taken: dict[str, int] = {}
     rate_next: float | None = None
@@ -294,7 +305,10 @@ def admit_rated(
             if n >= (limit or 1):
                 continue
         if rkey is not None:
-            slot = rate_slot(starts.get(rkey, ()), rlimit or 1, rper or 0.0, now, rated.get(rkey, 0))
+            rlimit, rper = rlimit or 1, rper or 0.0
+            size = sized.get(rkey)
+            sized[rkey] = (rlimit, rper) if size is None else (max(size[0], rlimit), max(size[1], rper))
+            slot = rate_slot(starts.get(rkey, ()), rlimit, rper, now, rated.get(rkey, 0))
             if slot is not None:
                 if rate_next is None or slot < rate_next:
                     rate_next = slot
@@ -305,7 +319,7 @@ def admit_rated(
         started.append(i)
         if len(started) >= room:
             break
-    return Admission(started, rate_next, rated)
+    return Admission(started, rate_next, rated, sized)
 
 
 def rate_slot(starts: Sequence[float], limit: int, per: float, now: float, added: int = 0) -> float | None:

@@ -298,3 +298,60 @@ async def test_a_concurrency_keys_freed_slot_is_not_spent_on_a_job_waiting_for_i
     assert [j.id for j in freed] == [behind]
     assert early == [] and due == t0 + 60
     assert late == [waits]
+
+
+async def test_jobs_of_one_key_with_different_rates_are_each_held_to_their_own(make_backend, autojump_clock) -> None:
+    """Three kinds share key k: a at 2 per 100 s, c at 1 per 1 s, j at 3 per 100 s. a starts at
+    t0 and t0+5; at t0+6 one claim starts c (its own window holds no start) and refuses j: its
+    window (t0-94, t0+6] holds a's two starts and c's. The record written after that claim keeps
+    all three for j, so j stays refused (parked, no attempt) until t0+100, when a's first start
+    leaves its window, and every claim in between reports that slot."""
+    async with opened(make_backend) as backend:
+        t0 = backend.now()
+        first = [r.id for r in await backend.insert_many([rated("k", 2, 100.0)])]
+        got = [await claim_ids(backend)]
+        await trio.sleep_until(t0 + 5)
+        second = [r.id for r in await backend.insert_many([rated("k", 2, 100.0)])]
+        got.append(await claim_ids(backend))
+        await trio.sleep_until(t0 + 6)
+        c, j = [r.id for r in await backend.insert_many([rated("k", 1, 1.0), rated("k", 3, 100.0)])]
+        mixed = await claim_ids(backend)
+        again = await claim_ids(backend)
+        await trio.sleep_until(t0 + 50)
+        later = await claim_ids(backend)
+        held = await backend.get_job(j)
+        await trio.sleep_until(t0 + 100)
+        slot, _ = await claim_ids(backend)
+    assert [ids for ids, _ in got] == [first, second]
+    assert mixed == ([c], t0 + 100)
+    assert again == ([], t0 + 100) and later == ([], t0 + 100)
+    assert (held.state, held.attempt) == (nj.JobState.AVAILABLE, 0)
+    assert slot == [j]
+
+
+async def test_a_key_that_only_refused_a_job_keeps_the_starts_its_window_counts(make_backend, autojump_clock) -> None:
+    """a at 2 per 100 s starts at t0 and t0+5; j, 2 per 1,000 s, is refused at t0+6 (its
+    window holds both) by a claim that starts nothing of the key. At t0+150 a starts again,
+    and the record written then still keeps the start at t0+5 for j's longer window: at t0+1000
+    j is refused again (t0+5 and t0+150 are in its window) until t0+1005."""
+    async with opened(make_backend) as backend:
+        t0 = backend.now()
+        a = [r.id for r in await backend.insert_many([rated("k", 2, 100.0)])]
+        await claim_ids(backend)  # one start at t0 ...
+        await trio.sleep_until(t0 + 5)
+        a += [r.id for r in await backend.insert_many([rated("k", 2, 100.0)])]
+        a += (await claim_ids(backend))[0]  # ... the other at t0+5
+        await trio.sleep_until(t0 + 6)
+        (j,) = [r.id for r in await backend.insert_many([rated("k", 2, 1000.0)])]
+        refused = await claim_ids(backend)
+        await trio.sleep_until(t0 + 150)
+        (a3,) = [r.id for r in await backend.insert_many([rated("k", 2, 100.0)])]
+        third = await claim_ids(backend)
+        await trio.sleep_until(t0 + 1000)
+        late = await claim_ids(backend)
+        await trio.sleep_until(t0 + 1005)
+        slot, _ = await claim_ids(backend)
+    assert a == [1, 2, 2] and refused == ([], t0 + 1000)
+    assert third[0] == [a3]
+    assert late == ([], t0 + 1005)
+    assert slot == [j]

@@ -53,7 +53,6 @@ DECLARE
     radded integer[];          -- rate: starts this claim made per rate key
     rcaps integer[];           -- rate: the largest limit of the jobs it weighed, per key
     rpers double precision[];  -- rate: the longest window, per key
-    rgrow boolean := false;    -- rate: a key with no start here weighed a job (its record may grow)
     rnext double precision;    -- rate: the earliest slot of a candidate refused for its rate
     slot double precision;
     st double precision[];
@@ -108,7 +107,6 @@ BEGIN
             slot := {schema}.rate_slot(st, p_rlimits[n], p_rpers[n], p_now, radded[ri]);
             IF slot IS NOT NULL THEN
                 rnext := least(rnext, slot);
-                rgrow := rgrow OR radded[ri] = 0;
                 CONTINUE;
             END IF;
             radded[ri] := radded[ri] + 1;
@@ -120,14 +118,9 @@ BEGIN
         EXIT WHEN cardinality(picked) >= room;
     END LOOP;
     IF cardinality(rkeys) > 0 THEN
-        PERFORM {schema}.rate_record(rkeys, radded, rcaps, rpers, p_now);  -- rate: the keys that started jobs
-    END IF;
-    IF rgrow THEN
-        -- rate: a key that only refused here keeps its starts, sized for what it weighed
-        -- (`transitions.rate_sized_record`): a later start must not trim what these jobs count.
-        UPDATE {schema}.rate_keys r SET cap = greatest(r.cap, u.c), per = greatest(r.per, u.p)
-            FROM unnest(rkeys, radded, rcaps, rpers) AS u(k, n, c, p)
-            WHERE r.key = u.k AND u.n = 0 AND (r.cap < u.c OR r.per < u.p);
+        -- rate: the records of the keys that started jobs, kept for every job weighed here (the
+        -- ones refused are parked by `rate_park`, which sizes the records of the others).
+        PERFORM {schema}.rate_record(rkeys, radded, rcaps, rpers, p_now);
     END IF;
     RETURN QUERY UPDATE {schema}.jobs j SET state = 'running', attempt = j.attempt + 1, attempted_at = p_now,
         heartbeat_at = p_now
@@ -141,5 +134,55 @@ BEGIN
             CASE WHEN p_max_running IS NOT NULL THEN room - cardinality(picked) END, NULL::integer,
             NULL::integer, rnext;
     END IF;
+END
+$$;
+
+-- Migration 0014's rate_park, which also sizes each key's record for the jobs it parks
+-- (`transitions.Admission.rate_sized`): a key's `cap` and `per` grow to the largest limit and
+-- window of its parked jobs, so a later start of a job with a smaller rate does not trim the
+-- starts their windows count. Same arguments and result.
+CREATE OR REPLACE FUNCTION {schema}.rate_park(p_ids bigint[], p_queue text, p_now double precision)
+RETURNS double precision LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    w double precision;
+    ck text[];
+    n integer[];
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'nursery_jobs claims need READ COMMITTED, not %', current_setting('transaction_isolation');
+    END IF;
+    PERFORM {schema}.rate_lock(p_ids);
+    WITH c AS (
+        SELECT j.id, j.rate_key, coalesce(j.rate_limit, 1) AS lim, j.rate_per AS per,
+            {schema}.rate_slot(k.starts, coalesce(j.rate_limit, 1), j.rate_per, p_now, 0) AS slot,
+            EXISTS (SELECT 1 FROM {schema}.rate_wakes x
+                WHERE x.queue = p_queue AND x.key = j.rate_key AND x.wake <= p_now) AS waits
+        FROM {schema}.jobs j LEFT JOIN {schema}.rate_keys k ON k.key = j.rate_key
+        WHERE j.id = ANY(p_ids) AND j.queue = p_queue AND j.state IN ('available', 'scheduled', 'retryable')
+            AND NOT j.parked AND j.run_at <= p_now AND j.rate_key IS NOT NULL AND j.rate_per IS NOT NULL
+        FOR UPDATE OF j SKIP LOCKED
+    ), p AS (
+        UPDATE {schema}.jobs j SET state = 'available', parked = true, rate_wait = true
+        FROM c WHERE j.id = c.id AND (c.slot IS NOT NULL OR c.waits)
+        RETURNING c.rate_key, coalesce(c.slot, p_now) AS slot, j.concurrency_key, c.lim, c.per
+    ), a AS (
+        INSERT INTO {schema}.rate_wakes AS r (queue, key, wake)
+        SELECT p_queue, p.rate_key, min(p.slot) FROM p GROUP BY p.rate_key
+        ON CONFLICT (queue, key) DO UPDATE SET wake = least(r.wake, EXCLUDED.wake)
+        RETURNING r.wake
+    ), g AS (
+        UPDATE {schema}.rate_keys r SET cap = greatest(r.cap, m.lim), per = greatest(r.per, m.per)
+        FROM (SELECT p.rate_key, max(p.lim) AS lim, max(p.per) AS per FROM p GROUP BY p.rate_key) m
+        WHERE r.key = m.rate_key AND (r.cap < m.lim OR r.per < m.per)
+    ), b AS (
+        SELECT p.concurrency_key AS k, count(*)::integer AS n FROM p WHERE p.concurrency_key IS NOT NULL
+        GROUP BY p.concurrency_key
+    )
+    SELECT (SELECT min(a.wake) FROM a), (SELECT array_agg(b.k ORDER BY b.k) FROM b), (SELECT array_agg(b.n ORDER BY b.k) FROM b)
+        INTO w, ck, n;
+    IF ck IS NOT NULL THEN
+        PERFORM {schema}.unpark_keys(ck, n);
+    END IF;
+    RETURN w;
 END
 $$;
