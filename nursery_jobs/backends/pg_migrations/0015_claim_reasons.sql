@@ -186,3 +186,107 @@ BEGIN
     RETURN w;
 END
 $$;
+
+-- The repair's bounded walk (3. above). `jobs_parked` now leaves out the jobs parked for their
+-- rate (a rate flag with no rate key means nothing, so such a row stays in): the repair's
+-- steps for jobs with no concurrency key and for each concurrency key, and `unpark_keys`, read
+-- no entry of a rate backlog any more. (DROP and CREATE INDEX, not CONCURRENTLY: writes wait
+-- while it builds, from a scan of the table; the index holds parked rows only. Run it in a
+-- quiet moment on a large table, as migration 0011.)
+DROP INDEX {schema}.jobs_parked;
+CREATE INDEX jobs_parked ON {schema}.jobs (concurrency_key, priority DESC, run_at, id)
+    WHERE state = 'available' AND parked AND (NOT rate_wait OR rate_key IS NULL);
+
+-- Where the repair's walk over the (queue, rate key) groups of `jobs_rate_parked` stopped:
+-- the next pass goes on after it (NULL: from the start). One row.
+CREATE TABLE {schema}.repair_cursor (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    queue text,
+    key text
+);
+INSERT INTO {schema}.repair_cursor DEFAULT VALUES;
+
+-- Migration 0014's repair_parked, with bounded work per pass. Returns the queue of each job
+-- unparked or key woken, as before.
+--   - Parked with no concurrency key and not waiting for a rate (`jobs_parked`'s NULL
+--     entries): nothing limits them, they come back (at most 1,000 a pass). A rate flag with no rate key (a row
+--     written by something else) counts as no rate wait, here and below, and is cleared.
+--   - Each concurrency key with parked jobs not waiting for a rate (one probe of `jobs_parked`
+--     per key): its best one comes back if the key has a free slot.
+--   - At most 1,000 (queue, rate key) groups of `jobs_rate_parked`, after the cursor (a loose
+--     scan: one index probe per group, however many jobs wait in it): a group with no wake time
+--     wakes now. The walk goes on from there at the next pass, and starts over once it has
+--     reached the end, so a backlog of any size costs a pass at most 1,000 probes there, and a
+--     group written by hand is found within (groups / 1,000) passes.
+CREATE OR REPLACE FUNCTION {schema}.repair_parked() RETURNS TABLE (queue text) LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    k text;
+    head record;
+    fq text;
+    fk text;
+    qs text[];
+    ks text[];
+BEGIN
+    -- A probe in `jobs_parked`'s order first (a plan that reads that index and no other: the
+    -- planner cannot know that the parked rows with no key are rate-parked ones, and would
+    -- filter them all out of `jobs_parked_queue`); the update only when there is one, at most
+    -- 1,000 a pass.
+    PERFORM 1 FROM {schema}.jobs j WHERE j.concurrency_key IS NULL AND j.state = 'available' AND j.parked
+        AND (NOT j.rate_wait OR j.rate_key IS NULL) ORDER BY j.concurrency_key, j.priority DESC, j.run_at, j.id LIMIT 1;
+    IF FOUND THEN
+        RETURN QUERY UPDATE {schema}.jobs j SET parked = false, rate_wait = false
+            WHERE j.id = ANY(ARRAY(SELECT u.id FROM {schema}.jobs u WHERE u.concurrency_key IS NULL
+                AND u.state = 'available' AND u.parked AND (NOT u.rate_wait OR u.rate_key IS NULL) LIMIT 1000))
+                AND j.concurrency_key IS NULL AND j.state = 'available' AND j.parked
+            RETURNING j.queue;
+    END IF;
+    SELECT min(j.concurrency_key) INTO k FROM {schema}.jobs j
+        WHERE j.state = 'available' AND j.parked AND (NOT j.rate_wait OR j.rate_key IS NULL);
+    WHILE k IS NOT NULL LOOP
+        SELECT j.id, j.queue, coalesce(j.max_concurrent, 1) AS most INTO head FROM {schema}.jobs j
+            WHERE j.concurrency_key = k AND j.state = 'available' AND j.parked AND (NOT j.rate_wait OR j.rate_key IS NULL)
+            ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1;
+        IF head.id IS NOT NULL
+            AND (SELECT count(*) FROM {schema}.jobs r WHERE r.state = 'running' AND r.concurrency_key = k) < head.most
+        THEN
+            UPDATE {schema}.jobs j SET parked = false, rate_wait = false
+                WHERE j.id = head.id AND j.state = 'available' AND j.parked;
+            IF FOUND THEN
+                queue := head.queue;
+                RETURN NEXT;
+            END IF;
+        END IF;
+        SELECT min(j.concurrency_key) INTO k FROM {schema}.jobs j
+            WHERE j.state = 'available' AND j.parked AND (NOT j.rate_wait OR j.rate_key IS NULL) AND j.concurrency_key > k;
+    END LOOP;
+    -- FOR UPDATE: concurrent passes take their turns here instead of walking the same groups.
+    SELECT c.queue, c.key INTO fq, fk FROM {schema}.repair_cursor c FOR UPDATE;
+    WITH RECURSIVE t AS (
+        (SELECT j.queue AS q, j.rate_key AS rk FROM {schema}.jobs j
+            WHERE j.state = 'available' AND j.parked AND j.rate_wait AND j.rate_key IS NOT NULL
+                AND (j.queue, j.rate_key) > (coalesce(fq, ''), coalesce(fk, ''))
+            ORDER BY j.queue, j.rate_key LIMIT 1)
+        UNION ALL
+        SELECT n.q, n.rk FROM t CROSS JOIN LATERAL (SELECT j.queue AS q, j.rate_key AS rk FROM {schema}.jobs j
+            WHERE j.state = 'available' AND j.parked AND j.rate_wait AND j.rate_key IS NOT NULL
+                AND (j.queue, j.rate_key) > (t.q, t.rk)
+            ORDER BY j.queue, j.rate_key LIMIT 1) n
+    )
+    SELECT array_agg(w.q ORDER BY w.q, w.rk), array_agg(w.rk ORDER BY w.q, w.rk) INTO qs, ks
+        FROM (SELECT t.q, t.rk FROM t LIMIT 1000) w;
+    IF coalesce(cardinality(qs), 0) < 1000 THEN
+        qs := coalesce(qs, ARRAY[]::text[]);
+        ks := coalesce(ks, ARRAY[]::text[]);
+        UPDATE {schema}.repair_cursor c SET queue = NULL, key = NULL WHERE c.queue IS NOT NULL;  -- the end: start over
+    ELSE
+        UPDATE {schema}.repair_cursor c SET queue = qs[1000], key = ks[1000];
+    END IF;
+    -- (ON CONFLICT alone, one probe of the primary key a group: a NOT EXISTS here was planned
+    -- as an anti-join reading all of `rate_wakes`.)
+    RETURN QUERY INSERT INTO {schema}.rate_wakes AS r (queue, key, wake)
+        SELECT u.q, u.k, 0 FROM unnest(qs, ks) AS u(q, k)
+        ON CONFLICT (queue, key) DO NOTHING
+        RETURNING r.queue;
+END
+$$;

@@ -127,6 +127,7 @@ async def test_a_version_1_schema_is_refused_then_upgraded_by_migrate(pg_url):
     schema = pgutil.new_schema(pg_url)
     with psycopg.connect(pg_url, autocommit=True) as conn:  # back to what version 1 left
         conn.execute(f'DELETE FROM "{schema}".migrations WHERE version >= 2')
+        conn.execute(f'DROP TABLE "{schema}".repair_cursor')  # back before version 15
         conn.execute(f'DROP TABLE "{schema}".rate_wakes')  # back before version 14
         conn.execute(f'DROP FUNCTION "{schema}".rate_park, "{schema}".rate_release, "{schema}".claim_picked_parking')
         conn.execute(f'ALTER TABLE "{schema}".jobs DROP COLUMN rate_wait')

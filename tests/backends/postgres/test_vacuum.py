@@ -49,6 +49,7 @@ def test_migrate_sets_the_jobs_tables_autovacuum_thresholds_on_a_version_4_schem
         assert _reloptions(conn, schema) == EXPECTED  # a new schema has them
         # back to what version 4 left: no storage parameters
         conn.execute(f'DELETE FROM "{schema}".migrations WHERE version >= 5')
+        conn.execute(f'DROP TABLE "{schema}".repair_cursor')  # back before version 15
         conn.execute(f'DROP TABLE "{schema}".rate_wakes')  # back before version 14
         conn.execute(f'DROP FUNCTION "{schema}".rate_park, "{schema}".rate_release, "{schema}".claim_picked_parking')
         conn.execute(f'ALTER TABLE "{schema}".jobs DROP COLUMN rate_wait')
