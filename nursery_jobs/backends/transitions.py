@@ -35,9 +35,11 @@ decided here, once:
 - `rate_slot` says whether a job under a rate limit may start now, given its rate key's recorded
   starts, and if not when its next slot comes; `admit_rated` applies it with the concurrency
   limits, `rate_log` says what a key's record becomes after a claim (its starts of the last
-  window, at most `cap`), and `rate_idle` when the record may go. PostgreSQL runs the same rule
-  in `claim_picked_parking` (migration 0014, after 0013's `claim_picked`; `rate_slot` and
-  `rate_record` from migration 0010).
+  window, at most `cap`), and `rate_idle` when the record may go. Jobs of one key may carry
+  different rates: each is held to its own, and the key's record is kept for the largest limit
+  and window weighed against it (`Admission.rate_sized`), trimmed once per claim. PostgreSQL
+  runs the same rule in `claim_picked_parking` (migration 0014, after `claim_picked`, replaced
+  in 0015; `rate_slot` and `rate_record` from migration 0010).
 - `rate_release` says how many of a key's jobs parked for its rate come back when its next slot
   comes. A due job refused for its rate is parked too (on SQLite and PostgreSQL a flag that
   keeps it out of the claim's index, and the key's wake time in the queue), so a key over its

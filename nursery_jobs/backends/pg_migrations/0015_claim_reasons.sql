@@ -21,12 +21,16 @@
 --    that refused it, so `rate_park`'s recheck left it unparked (or armed a later wake) and the
 --    next claim started it over its own rate. Now `cap` and `per` grow with every job weighed
 --    against the key's rate, started or refused (`transitions.Admission.rate_sized`), on every
---    backend, so the recheck sees what the claim saw.
--- 3. The repair (`repair_parked`, the rescuer's pass) read every rate-parked index entry on
---    each pass (a loose scan of `jobs_rate_parked` whose every step re-read the entries of the
---    (queue, key) before): with a backlog of 100,000 parked jobs, each pass read them all. It now
---    steps from key to key through the index with a bounded number of probes per pass, and the
---    next pass goes on from where this one stopped (`repair_cursor`).
+--    backend: `claim_picked` sizes the records it writes for the jobs it weighed, and
+--    `rate_park` the records of the keys whose jobs it parks, so the recheck sees what the
+--    claim saw, and a later start of a smaller rate does not trim what a parked job counts.
+-- 3. The repair (`repair_parked`, the rescuer's pass) read every rate-parked job on each pass:
+--    its steps for parked jobs with no concurrency key and for each concurrency key filtered
+--    them out of `jobs_parked_queue` and `jobs_parked` (20,000 rate-parked jobs: 50,006 index
+--    entries read by one pass), and its walk over the (queue, rate key) groups had no bound.
+--    Now `jobs_parked` leaves rate-parked jobs out, the step for unkeyed parked jobs probes that
+--    index before it updates, and the walk stops after 1,000 groups, one index probe each; the
+--    next pass goes on from where this one stopped (`repair_cursor`). The same 20,000: 8 reads.
 -- 4. `jobs_pending_rate` (migration 0010) was read by the claim's next-slot pass, which
 --    migration 0014 removed: no statement reads it, and every insert of a rate-keyed job and
 --    every claim and outcome of one writes it (the row enters or leaves its predicate, so no
