@@ -188,9 +188,9 @@ class MemoryBackend:
         self._parked_dead: dict[str, int] = {}
         """key -> its jobs cancelled since its parked entries were last compacted (at most)."""
         self._rates: dict[str, _RateLog] = {}
+        """Rate key -> its latest starts (keys idle longer than their window are dropped)."""
         self._rate_trim: dict[str, _RateLog] = {}
         """The logs the claim in progress appended starts to: each trimmed once, at its end."""
-        """Rate key -> its latest starts (keys idle longer than their window are dropped)."""
         self._next_id = 1
         self._outbox: dict[int, tuple[str, str]] = {}
         """Outbox events not relayed yet, by id (in publish order)."""
