@@ -65,10 +65,12 @@ import nursery_jobs as nj
 
 try:  # imported as `benchmarks.cpu_accounting`
     from . import postgres_production as prod
+    from .baselines.loop_processes import loop_processes
     from .durable_side import QUEUE, Tally, run_app, worker_processes
     from .pg_common import PgUnavailable, backend_url, fresh_schema, render_table, throwaway_database
 except ImportError:  # run as a script: benchmarks/ is sys.path[0]
     import postgres_production as prod  # type: ignore[no-redef]
+    from baselines.loop_processes import loop_processes  # type: ignore[no-redef]
     from durable_side import QUEUE, Tally, run_app, worker_processes  # type: ignore[no-redef]
     from pg_common import (  # type: ignore[no-redef]
         PgUnavailable,
@@ -313,37 +315,15 @@ def loop_worker(url: str, n: int, batch: int) -> int:
 
 
 def side_loop_procs(url: str, c: Config, procs: int) -> Run:
-    import subprocess
-
     cmd = [sys.executable, os.path.abspath(__file__), "--loop-worker", url, "--jobs", str(c.drain // procs),
            "--batch", str(c.workers)]  # fmt: skip
-    kids = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(procs)]
-    try:
-        for k in kids:
-            if k.stdout is None or k.stdout.readline().strip() != "ready":
-                raise RuntimeError("a loop process did not start")
-        pids = [k.pid for k in kids]
+    with loop_processes(cmd, procs) as kids:
         before = db_counters(url)
-        a = Sample.take(pids, dbname(url))
-        for k in kids:
-            assert k.stdin is not None
-            k.stdin.write("go\n")
-            k.stdin.flush()
-        for k in kids:
-            assert k.stdout is not None
-            if k.stdout.readline().strip() != "done":
-                raise RuntimeError("a loop process failed (the table ran out?)")
-        b = Sample.take(pids, dbname(url))
-        for k in kids:
-            assert k.stdin is not None
-            k.stdin.write("exit\n")
-            k.stdin.flush()
-    finally:
-        for k in kids:
-            if k.stdin is not None:
-                k.stdin.close()
-            if k.wait(timeout=60) != 0:
-                raise RuntimeError(f"a loop process exited with {k.returncode}")
+        a = Sample.take(kids.pids, dbname(url))
+        kids.tell("go")
+        kids.expect("done")  # a loop process that fails (the table ran out?) prints no "done"
+        b = Sample.take(kids.pids, dbname(url))
+        kids.tell("exit")
     jobs = procs * (c.drain // procs)
     label = f"(a{procs}) loop, {procs} process{'es' if procs > 1 else ''} x 1 connection, batches of {c.workers}"
     return with_counters(url, between(label, jobs, a, b), before, jobs)
