@@ -11,6 +11,16 @@ and the PostgreSQL server) is saturated:
   `main`'s start to the D-th outcome's receipt (the drain's clock).
 - **(c) 2 worker processes x 32 workers** (`postgres_production.py --worker` children of this
   process, launched as that script launches them); measured over a fixed window once both are up.
+- **(a1), (a2) the loop in 1 and in 2 processes** (this file with ``--loop-worker``: each child
+  runs `loop_drain` of D / procs jobs once told to start, and reports before its connection
+  closes), and **(c1) 1 worker process** (as (c), one child): the same shape of run at 1 and 2
+  processes for both, so the loop's own 2/1 on this machine is beside the runtime's.
+
+The ceiling. For each pair (1 process, 2 processes) the script prints how much CPU one process's
+drain uses (client + the whole server, in cores) and the best 2/1 the machine could give:
+(2 cores - what the rest of the machine used) / (the cores one process uses), at the 1-process
+cost per job; and the same at the 2-process cost per job (two processes may cost more per job:
+smaller batches), which is the tighter bound.
 
 For each: wall seconds, jobs/s, CPU seconds of the client process(es) (``/proc/<pid>/stat``
 utime + stime of this process, all threads, and of its worker children), CPU seconds of the
@@ -55,10 +65,12 @@ import nursery_jobs as nj
 
 try:  # imported as `benchmarks.cpu_accounting`
     from . import postgres_production as prod
+    from .baselines.loop_processes import loop_processes
     from .durable_side import QUEUE, Tally, run_app, worker_processes
     from .pg_common import PgUnavailable, backend_url, fresh_schema, render_table, throwaway_database
 except ImportError:  # run as a script: benchmarks/ is sys.path[0]
     import postgres_production as prod  # type: ignore[no-redef]
+    from baselines.loop_processes import loop_processes  # type: ignore[no-redef]
     from durable_side import QUEUE, Tally, run_app, worker_processes  # type: ignore[no-redef]
     from pg_common import (  # type: ignore[no-redef]
         PgUnavailable,
@@ -277,7 +289,7 @@ def side_processes(url: str, c: Config, procs: int = 2) -> Run:
             c1 = (await rt.stats())[QUEUE]
             if c1.available == 0:  # the window's count is short: not a figure
                 raise RuntimeError(f"{prod.RAN_OUT} (table {c.size:,}, window {c.window} s)")
-            label = f"(c) {procs} processes x {c.workers} workers (+ this launcher)"
+            label = f"(c{'' if procs > 1 else '1'}) {procs} process{'es' if procs > 1 else ''} x {c.workers} workers (+ this launcher)"
             return between(label, c1.completed - c0.completed, a, b), pids
 
     before, done0 = db_counters(url), completed(url)
@@ -287,6 +299,48 @@ def side_processes(url: str, c: Config, procs: int = 2) -> Run:
     return with_counters(url, run, before, completed(url) - done0)
 
 
+def loop_worker(url: str, n: int, batch: int) -> int:
+    """``--loop-worker``: print ``ready``, wait for a line on stdin, drain `n` jobs with
+    `loop_drain`, print ``done``, and wait for another line before the connection closes (its
+    server process is still there when the launcher samples)."""
+    print("ready", flush=True)
+    sys.stdin.readline()
+
+    def done() -> None:
+        print("done", flush=True)
+        sys.stdin.readline()
+
+    prod.loop_drain(url, SCHEMA, n, batch, on_done=done)
+    return 0
+
+
+def side_loop_procs(url: str, c: Config, procs: int) -> Run:
+    cmd = [sys.executable, os.path.abspath(__file__), "--loop-worker", url, "--jobs", str(c.drain // procs),
+           "--batch", str(c.workers)]  # fmt: skip
+    with loop_processes(cmd, procs) as kids:
+        before = db_counters(url)
+        a = Sample.take(kids.pids, dbname(url))
+        kids.tell("go")
+        kids.expect("done")  # a loop process that fails (the table ran out?) prints no "done"
+        b = Sample.take(kids.pids, dbname(url))
+        kids.tell("exit")
+    jobs = procs * (c.drain // procs)
+    label = f"(a{procs}) loop, {procs} process{'es' if procs > 1 else ''} x 1 connection, batches of {c.workers}"
+    return with_counters(url, between(label, jobs, a, b), before, jobs)
+
+
+def side_loop_1(url: str, c: Config) -> Run:
+    return side_loop_procs(url, c, 1)
+
+
+def side_loop_2(url: str, c: Config) -> Run:
+    return side_loop_procs(url, c, 2)
+
+
+def side_processes_1(url: str, c: Config) -> Run:
+    return side_processes(url, c, procs=1)
+
+
 # -- the run ----------------------------------------------------------------------------------------
 
 
@@ -294,7 +348,7 @@ def measure(db: str, c: Config, log: Any = print) -> list[Run]:
     fresh_schema(db, SCHEMA)
     with psycopg.connect(db, autocommit=True) as conn:
         prod.fill(conn, SCHEMA, c.size, 0)
-    sides = [side_loop, side_runtime, side_processes]
+    sides = [side_loop, side_runtime, side_processes, side_loop_1, side_loop_2, side_processes_1]
 
     def one(fn: Any) -> Run:
         prod.restore(db, SCHEMA, c.size)
@@ -337,11 +391,48 @@ def table(runs: list[Run]) -> str:
     return render_table(rows)
 
 
+PAIRS = (("(a1)", "(a2)"), ("(c1)", "(c)"))
+"""The (1 process, 2 processes) sides whose 2/1 and ceiling are reported."""
+
+
+def ceilings(runs: list[Run]) -> str:
+    """Per pair: the measured 2/1 (median of per-round ratios), the cores one process's drain
+    uses, and the best 2/1 the 2 cores allow at the 1- and at the 2-process cost per job."""
+    med = statistics.median
+    cores = os.cpu_count() or 2
+    rows: list[Sequence[str]] = [(
+        "pair", "1 proc jobs/s", "2 procs jobs/s", "2/1 (rounds)", "1 proc: client + server cores", "other busy cores",
+        "ceiling 2/1 at 1-proc cost/job", "ceiling 2/1 at 2-proc cost/job", "2 procs: machine idle %",
+    )]  # fmt: skip
+    for one, two in PAIRS:
+        r1 = [r for r in runs if r.side.startswith(one + " ")]
+        r2 = [r for r in runs if r.side.startswith(two + " ")]
+        if not r1 or not r2:
+            continue
+        ratios = [b.rate / a.rate for a, b in zip(r1, r2)]
+        used1 = med((r.client + r.server) / r.wall for r in r1)
+        other = med(max(0.0, (r.busy - r.client - r.server) / r.wall) for r in r1 + r2)
+        per_job2 = med((r.client + r.server) / r.jobs for r in r2)
+        rate1 = med(r.rate for r in r1)
+        rows.append((
+            f"{one} -> {two}", f"{rate1:,.0f}", f"{med(r.rate for r in r2):,.0f}",
+            f"{med(ratios):.2f} ({', '.join(f'{x:.2f}' for x in ratios)})", f"{used1:.2f}", f"{other:.2f}",
+            f"{(cores - other) / used1:.2f}", f"{(cores - other) / (per_job2 * rate1):.2f}",
+            f"{med(100 * r.idle / (r.busy + r.idle) for r in r2):.1f}",
+        ))  # fmt: skip
+    return render_table(rows)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="CPU accounting: the loop, the runtime, 2 worker processes")
     parser.add_argument("--smoke", action="store_true", help="tiny table, one round: proves the script runs")
     parser.add_argument("--rounds", type=int, help=f"rounds (default {Config().rounds})")
+    parser.add_argument("--loop-worker", metavar="URL", help=argparse.SUPPRESS)
+    parser.add_argument("--jobs", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.loop_worker:
+        return loop_worker(args.loop_worker, args.jobs, args.batch)
     c = SMOKE if args.smoke else Config()
     if args.rounds:
         c = attrs.evolve(c, rounds=args.rounds)
@@ -357,6 +448,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print()
     print(table(runs))
+    print()
+    print(ceilings(runs))
     if args.smoke:
         print("smoke run: nothing judged")
     return 0

@@ -47,7 +47,9 @@ import trio.testing
 
 import nursery_jobs as nj
 
-__all__ = ["Damage", "Store", "TestBackend", "all_backends", "get", "names", "query_aware_clock", "register", "watch"]
+__all__ = [
+    "Damage", "Store", "TestBackend", "all_backends", "get", "names", "query_aware_clock", "register", "watch", "watched",
+]  # fmt: skip
 
 ENV = "NJ_TEST_BACKENDS"
 B = TypeVar("B")
@@ -128,10 +130,15 @@ def watch(request: pytest.FixtureRequest, backend: B, in_flight: Callable[[B], b
         instance = ref()
         return instance is not None and (starting[0] > 0 or in_flight(instance))
 
-    watched = request.node.stash.setdefault(_IN_FLIGHT, [])
-    watched.append(busy)
-    request.addfinalizer(watched.clear)
+    checks = watched(request)
+    checks.append(busy)
+    request.addfinalizer(checks.clear)
     request.addfinalizer(lambda: _collect_if_alive(ref))
+
+
+def watched(request: pytest.FixtureRequest) -> list[Callable[[], bool]]:
+    """The test's checks of its watched backends, as `query_aware_clock` takes them."""
+    return request.node.stash.setdefault(_IN_FLIGHT, [])
 
 
 def _count_start_up(backend: Any) -> list[int]:
@@ -277,27 +284,52 @@ def _sqlite_store(request: pytest.FixtureRequest) -> Store:
         # One process: every wake-up is pushed in-process, so the cross-process poll only
         # costs real time per virtual second here (each poll is a thread hop before autojump).
         backend.poll_interval = 60.0
-        watch(request, backend, _sqlite_call_runs)
+        reading = _count_reads(backend)
+        watch(request, backend, lambda instance: _sqlite_call_runs(instance, reading[0] > 0))
         return backend
 
     return Store(open_instance, shared=True)
 
 
-def _sqlite_call_runs(backend: Any) -> bool:
+def _count_reads(backend: Any) -> list[int]:
+    """Count the calls on the backend's own connection that are reads: every one but a write
+    transaction (`_tx`, which starts with ``BEGIN IMMEDIATE``). A read never waits for the write
+    lock (WAL), so it is work under way whatever else holds the lock."""
+    reading = [0]
+    io, write = backend._io, backend._tx
+
+    async def counted_io(fn: Callable[..., Any], *args: Any) -> Any:
+        if fn == write:
+            return await io(fn, *args)
+        reading[0] += 1
+        try:
+            return await io(fn, *args)
+        finally:
+            reading[0] -= 1
+
+    backend._io = counted_io
+    return reading
+
+
+def _sqlite_call_runs(backend: Any, reading: bool) -> bool:
     """A call runs on a thread: on the backend's transaction connection, on a caller's own
-    connection (Trio's default limiter), or on the backend's connection -- unless that one may
-    be waiting for the write lock of the backend's own `transaction()` block. While a test holds
-    the block open, a write of the runtime's (a claim) waits in SQLite's busy handler until the
-    block commits, and the block ends only when virtual time goes on (the test's `trio.sleep`
-    inside it). Counted as in flight, that wait held the clock for `busy_timeout` (10 s real) per
-    retry, and the runtime retries with backoff: one test took 50-100 s whenever its worker's
-    claim fell inside the block."""
+    connection (Trio's default limiter), or on the backend's connection -- a read (`reading`),
+    or a write unless that one may be waiting for the write lock of the backend's own
+    `transaction()` block. While a test holds the block open, a write of the runtime's (a claim)
+    waits in SQLite's busy handler until the block commits, and the block ends only when virtual
+    time goes on (the test's `trio.sleep` inside it). Counted as in flight, that wait held the
+    clock for `busy_timeout` (10 s real) per retry, and the runtime retries with backoff: one test
+    took 50-100 s whenever its worker's claim fell inside the block. A read does not wait for
+    the lock, so it is counted in the block too: else the clock jumped while it ran (a
+    `get_job`, `stats`, the relay's or the cancel hints' read beside an open block)."""
     if backend._tx_limiter.borrowed_tokens > 0:
         return True  # a statement of the transaction connection's
     if trio.to_thread.current_default_thread_limiter().borrowed_tokens > 0:
         return True  # a statement on a caller's own connection (`run_callers_io`), or another thread
     if backend._limiter.borrowed_tokens == 0:
         return False
+    if reading:
+        return True
     tx_conn = backend._tx_conn
     return not (tx_conn is not None and tx_conn.in_transaction)
 
@@ -494,7 +526,7 @@ def autojump_clock(test_backend: TestBackend, request: pytest.FixtureRequest) ->
     backends runs (`watch`); skips on a backend that does not run on it."""
     if test_backend.autojump is None:
         pytest.skip(f"the {test_backend.name} backend does not run on Trio's virtual clock")
-    return query_aware_clock(test_backend.autojump, request.node.stash.setdefault(_IN_FLIGHT, []))
+    return query_aware_clock(test_backend.autojump, watched(request))
 
 
 @pytest.fixture

@@ -153,8 +153,9 @@ def test_concurrency_keys_quick_mode_runs() -> None:
 @pytest.mark.usefixtures("postgres_reachable")
 def test_cpu_accounting_smoke_mode_runs() -> None:
     out = run_quick("cpu_accounting.py", "--smoke").stdout
-    for label in ("(a) loop", "(b) runtime, 1 process", "(c) 2 processes", "server µs/job", "machine idle %",
-                  "xacts/job", "smoke run: nothing judged"):  # fmt: skip
+    for label in ("(a) loop", "(b) runtime, 1 process", "(c) 2 processes", "(a1) loop, 1 process", "(a2) loop, 2 processes",
+                  "(c1) 1 process", "server µs/job", "machine idle %", "xacts/job", "(a1) -> (a2)", "(c1) -> (c)",
+                  "ceiling 2/1 at 1-proc cost/job", "smoke run: nothing judged"):  # fmt: skip
         assert label in out, out
 
 

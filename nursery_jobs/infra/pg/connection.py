@@ -3,13 +3,15 @@ statement is followed to its end (see the package docstring for the design)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import select
 from typing import Any, Awaitable, Callable
 
 import psycopg
 import trio
-from psycopg import pq, waiting
+from psycopg import _queries, pq, waiting
+from psycopg.abc import Params, Query
 from psycopg.rows import tuple_row
 
 from ..owner import open_owner
@@ -65,6 +67,38 @@ class _Lock:
             self._held = False
 
 
+_parse = functools.lru_cache(maxsize=_MAX_CACHED_CURSORS)(_queries._query2pg_nocache)
+"""psycopg's own parse of a statement's placeholders, kept per (statement, encoding)."""
+
+
+class _ParsedOnce(_queries.PostgresQuery):
+    """psycopg's conversion of a statement and its parameters, with the statement's parse kept.
+
+    psycopg keeps the parse (placeholders to ``$n``) only of statements up to
+    ``MAX_CACHED_STATEMENT_LENGTH`` (4096) bytes, so that an ORM's ever-different long
+    statements do not fill its cache, and parses a longer one again on every call: ~120 us of
+    client CPU for the claim (5.4 kB), ~55 us for the outcome statement (4.3 kB), 2-3 us per job
+    at the claims' size (RESULTS.md, issue 8, h-twoproc). A cached cursor runs one fixed
+    statement (`cached_cursor`), so its parse is kept whatever its length; the parameters are
+    dumped on every call as before."""
+
+    __slots__ = ()
+
+    def convert(self, query: Query, vars: Params | None) -> None:
+        if vars is None or type(query) is not bytes:
+            super().convert(query, vars)
+            return
+        self.query, self._want_formats, self._order, self._parts = _parse(query, self._tx.encoding)
+        self.dump(vars)
+
+
+class _KeptParseCursor(psycopg.AsyncCursor[Any]):
+    """The cursor `cached_cursor` keeps: psycopg's, converting its statement with `_ParsedOnce`."""
+
+    __slots__ = ()
+    _query_cls = _ParsedOnce
+
+
 class TrioConnection(psycopg.AsyncConnection[Any]):
     """psycopg's `AsyncConnection`, waiting through Trio (see the module doc). Open it with
     `infra.pg.connect` (`AsyncConnection.connect` would reach for asyncio); use it from one task at a
@@ -81,12 +115,13 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
     def cached_cursor(self, key: object) -> psycopg.AsyncCursor[Any]:
         """A cursor kept for `key` (e.g. the statement it runs) and reused by later calls with the
         same key: creating a psycopg cursor per statement costs more than the round trip's own
-        client work. For a fixed set of statements only; one caller at a time."""
+        client work. For a fixed set of statements only; one caller at a time. Each keeps its
+        statement's parse (`_ParsedOnce`)."""
         cur = self._cursors.get(key)
         if cur is None:
             if len(self._cursors) >= _MAX_CACHED_CURSORS:
                 self._cursors.clear()
-            cur = self._cursors[key] = self.cursor()
+            cur = self._cursors[key] = _KeptParseCursor(self, row_factory=self.row_factory)
         return cur
 
     @property

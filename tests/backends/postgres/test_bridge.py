@@ -64,6 +64,33 @@ async def test_queries_run_on_trio_with_no_asyncio_loop(pg_url):
         await conn.close()
 
 
+async def test_a_cached_cursor_parses_a_long_statement_once_and_binds_every_call(pg_url):
+    """psycopg parses a statement over 4096 bytes again on every call; a cached cursor keeps the
+    parse (`_ParsedOnce`). The parameters still bind per call: a name used twice, a new value
+    each time, a literal `%%`."""
+    from nursery_jobs.infra.pg import connection
+
+    padding = " ".join(f"/* {i:04} */" for i in range(500))  # a comment: the statement is > 4096 bytes
+    query = f"SELECT %(a)s::int + %(b)s::int, %(a)s::int * 2, 'x%%y' {padding}".encode()
+    assert len(query) > 4096
+    conn = await pg.connect(pg_url, autocommit=True)
+    try:
+        before = connection._parse.cache_info()
+        for a, b in ((1, 2), (10, 20), (5, -5)):
+            cur = conn.cached_cursor(query)
+            await cur.execute(query, {"a": a, "b": b})
+            assert await cur.fetchall() == [(a + b, 2 * a, "x%y")]
+        after = connection._parse.cache_info()
+        assert (after.misses - before.misses, after.hits - before.hits) == (1, 2)
+        cur = conn.cached_cursor(query)
+        with pytest.raises(psycopg.ProgrammingError):  # a missing parameter is still psycopg's error
+            await cur.execute(query, {"a": 1})
+        await cur.execute(b"SELECT 1", None)  # no parameters: psycopg's own path
+        assert await cur.fetchall() == [(1,)]
+    finally:
+        await conn.close()
+
+
 async def test_one_connection_shared_by_two_tasks_serialises_them(pg_url):
     conn = await pg.connect(pg_url, autocommit=True)
     results = []

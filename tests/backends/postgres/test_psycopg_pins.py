@@ -1,7 +1,9 @@
 """What infra's PostgreSQL bridge takes from psycopg beyond its documented API, pinned.
 
 `infra.pg.TrioConnection` replaces the one method where psycopg's `AsyncConnection` waits
-(`wait`) and its asyncio lock (`lock`), and closes through `_closed`; `infra.aio` re-points
+(`wait`) and its asyncio lock (`lock`), and closes through `_closed`; its cached cursors convert
+their statements with a `PostgresQuery` subclass that keeps psycopg's parse
+(`_query2pg_nocache`) of a long statement (`_query_cls`); `infra.aio` re-points
 `psycopg.waiting.get_running_loop` when psycopg was imported before trio-asyncio. None of these
 is psycopg's public API, so pyproject.toml pins psycopg to the versions they were checked on,
 and this file fails loudly, naming the name, on a psycopg that changed one of them.
@@ -41,6 +43,21 @@ def test_the_names_the_bridge_overrides_still_exist_with_their_shape():
     )
     assert "self._closed" in inspect.getsource(base), "BaseConnection no longer has _closed: TrioConnection.close_now sets it"
     assert callable(psycopg.waiting.wait) and hasattr(psycopg.waiting, "get_running_loop")
+
+
+def test_the_query_conversion_the_cached_cursors_override_still_has_its_shape():
+    import psycopg._cursor_base as cursor_base
+    from psycopg import _queries
+
+    assert inspect.getsource(cursor_base.BaseCursor._convert_query).count("self._query_cls(") == 1, (
+        "cursors no longer build their query with _query_cls: TrioConnection.cached_cursor sets it"
+    )
+    convert = inspect.getsource(_queries.PostgresQuery.convert)
+    assert "self.query, self._want_formats, self._order, self._parts = f(" in " ".join(convert.split()), (
+        "PostgresQuery.convert no longer sets these four from the parse: infra.pg's _ParsedOnce does"
+    )
+    assert "self.dump(vars)" in convert
+    assert list(inspect.signature(_queries._query2pg_nocache).parameters) == ["query", "encoding"]
 
 
 def test_psycopg_imported_before_trio_asyncio_still_works_under_trio_asyncio():
