@@ -304,7 +304,8 @@ def loop_worker(url: str, n: int, batch: int) -> int:
     `loop_drain`, print ``done``, and wait for another line before the connection closes (its
     server process is still there when the launcher samples)."""
     print("ready", flush=True)
-    sys.stdin.readline()
+    if not sys.stdin.readline():
+        return 1  # stdin closed before "go": the launcher gave up; drain nothing
 
     def done() -> None:
         print("done", flush=True)

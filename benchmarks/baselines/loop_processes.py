@@ -50,9 +50,11 @@ class LoopProcesses:
 def loop_processes(cmd: Sequence[str], count: int) -> Iterator[LoopProcesses]:
     """Start `count` children running `cmd`, wait until each says ``ready``; on exit close their
     stdin and wait for them (at most 60 s each, then kill), and fail on a non-zero exit."""
-    kids = [subprocess.Popen(list(cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(count)]
+    kids: list[subprocess.Popen[str]] = []
     failed: list[str] = []
     try:
+        for _ in range(count):
+            kids.append(subprocess.Popen(list(cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
         procs = LoopProcesses(kids)
         procs.expect("ready")
         yield procs

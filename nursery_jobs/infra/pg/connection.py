@@ -85,7 +85,8 @@ class _ParsedOnce(_queries.PostgresQuery):
     __slots__ = ()
 
     def convert(self, query: Query, vars: Params | None) -> None:
-        if vars is None or type(query) is not bytes:
+        if vars is None or type(query) is not bytes or len(query) <= _queries.MAX_CACHED_STATEMENT_LENGTH:
+            # psycopg's own cache keeps the parse of these: the small one here is for the rest
             super().convert(query, vars)
             return
         self.query, self._want_formats, self._order, self._parts = _parse(query, self._tx.encoding)
