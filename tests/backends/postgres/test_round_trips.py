@@ -98,11 +98,11 @@ async def test_a_claim_of_keyed_jobs_is_one_round_trip_too(backend, waits):
 async def test_jobs_of_a_key_over_its_rate_that_claim_picked_parking_refuses_are_parked_by_it(backend, waits, pg_url):
     """Under a queue's global limit, five due jobs of a key allowed 1 start per 60 s, which has
     no record yet: the claim's scan sees the key open and picks all five, and
-    `claim_picked_parking` starts one and refuses four for the rate under the key's lock. The
-    claim looks no further (a pick the limits cut short under a global limit), so
-    `claim_picked_parking` parks them itself (migration 0014), with the key's wake time at its
-    next slot, which the claim reports: one round trip, and the next claim reads none of them,
-    in one round trip too."""
+    `claim_picked_parking` starts one and refuses four for the rate under the key's lock, and
+    parks them itself (migration 0014), with the key's wake time at its next slot, which the
+    claim reports. The global limit has room left, so a pick cut short by a rate does not end
+    the claim (migration 0015): it looks once more behind them and finds nothing -- two round
+    trips; the next claim reads none of the parked jobs, in one round trip."""
     await backend.claim("q", 1)
     await backend.insert_many([NewJob("k", "q", "{}", 0, None, 3, None, None, None, "r", 1, 60.0) for _ in range(5)])
     results = []
@@ -110,7 +110,7 @@ async def test_jobs_of_a_key_over_its_rate_that_claim_picked_parking_refuses_are
     async def claim():
         results.append(await backend.claim("q", 10, max_running=100))
 
-    assert await _trips(waits, claim) == 1
+    assert await _trips(waits, claim) == 2
     with psycopg.connect(pg_url, autocommit=True) as conn:
         (parked,) = conn.execute(
             f'SELECT count(*) FROM "{backend.schema}".jobs WHERE state = %s AND parked AND rate_wait', ("available",)
