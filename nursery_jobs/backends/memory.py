@@ -11,7 +11,14 @@ parks its heap entry under (key, limit) instead of putting it back, so later cla
 over it again; whenever a job of that key leaves `running` (or a pending one is cancelled), the
 best parked entry of each (key, limit) goes back to the due heap, where the next claim weighs
 it against the key's other due jobs in claim order. One freed slot lets one more job of the key
-start, so one entry per freed slot is all that ever needs to come back.
+start, so one entry per freed slot is all that ever needs to come back. The write that brought
+entries back wakes their queues, once each (`_woken`): only a queue a job came back to has
+anything new to claim, and a key may span queues, so it is that job's queue, not the freeing
+job's. A slot freed with nothing parked behind it wakes nothing (the completer wakes the fetcher
+after every batch anyway, and any due job no claim passed over is still in the heap): with one
+key per job, a wake-up per job was a measurable share of a keyed drain (issue 11). A claim asks
+`transitions.key_admits` per keyed job, which is `admit`'s per-key rule without building its
+candidates.
 
 Rate limits (`transitions.admit_rated`): each rate key keeps the times of its latest starts
 (`_RateLog`, at most the largest limit its jobs carry). A due job over its key's rate is parked
@@ -45,8 +52,8 @@ from ..errors import ConfigError, JobNotFound
 from ..jobs import MAX_ERRORS_KEPT, Job, JobError, JobState, decode_args
 from .rows import rescue_message
 from .transitions import (
-    PENDING, CancelAction, admit, admit_rated, after_outcome, after_rescue, check_room, on_cancel, rate_idle, rate_log,
-    rate_release, unparks,
+    PENDING, CancelAction, admit_rated, after_outcome, after_rescue, check_room, key_admits, on_cancel, rate_idle,
+    rate_log, rate_release, unparks,
 )  # fmt: skip
 from .protocol import (
     BackendEvent,
@@ -185,6 +192,9 @@ class MemoryBackend:
         """Running jobs per concurrency key (keys with none are absent)."""
         self._parked: dict[str, dict[int, list[tuple[int, float, int, int]]]] = {}
         """key -> limit -> due-heap entries held back because the key was at that limit."""
+        self._woken: dict[str, None] = {}
+        """Queues a parked entry went back to since their last wake-up (`_unpark`), in order:
+        the write that freed the slot tells each one once (`_wake_woken`)."""
         self._parked_dead: dict[str, int] = {}
         """key -> its jobs cancelled since its parked entries were last compacted (at most)."""
         self._rates: dict[str, _RateLog] = {}
@@ -306,11 +316,13 @@ class MemoryBackend:
             self._key_running[key] = n
         else:
             del self._key_running[key]
-        self._unpark(key)
+        if key in self._parked:
+            self._unpark(key)
 
     def _unpark(self, key: str) -> bool:
-        """The best parked entry of each of the key's limits goes back to its due heap; True if
-        one did."""
+        """The best parked entry of each of the key's limits goes back to its due heap, and its
+        queue is noted for a wake-up (`_woken`; it may be another queue than the freeing job's:
+        keys are not scoped to a queue); True if one did."""
         groups = self._parked.get(key)
         if groups is None:
             return False
@@ -322,6 +334,7 @@ class MemoryBackend:
                 row = rows.get(entry[2])
                 if row is not None and row.version == entry[3]:
                     heapq.heappush(self._q(row.queue).due, entry)
+                    self._woken[row.queue] = None
                     back = True
                     break
             if not heap:
@@ -330,6 +343,13 @@ class MemoryBackend:
             del self._parked[key]
             self._parked_dead.pop(key, None)
         return back
+
+    def _wake_woken(self, events: list[BackendEvent], but: str | None = None) -> None:
+        """A wake-up per queue a parked entry went back to (`_woken`), except `but`."""
+        for queue in self._woken:
+            if queue != but:
+                events.append(JobsAvailable(queue))  # a freed slot let its key's next job back in line
+        self._woken.clear()
 
     def _parked_cancelled(self, key: str) -> None:
         """A pending job of `key` was cancelled: its parked entry, if it has one, is dead. Once
@@ -550,6 +570,7 @@ class MemoryBackend:
         if max_running is not None:
             limit = min(limit, max_running - counts[_R])
         trim = self._rate_trim
+        key_running = self._key_running
         while due and len(claimed) < limit:
             entry = heapq.heappop(due)
             job_id, version = entry[2], entry[3]
@@ -560,12 +581,12 @@ class MemoryBackend:
             if rkey is not None:
                 if not self._rate_admits(q, row, entry, now):
                     continue
-            elif key is not None and not admit(((key, row.climit),), self._key_running, want=1):
+            elif key is not None and not key_admits(key_running.get(key, 0), row.climit):
                 # At its key's limit: parked until a job of the key leaves `running`.
                 heapq.heappush(self._parked.setdefault(key, {}).setdefault(row.climit, []), entry)
                 continue
             if key is not None:
-                self._key_running[key] = self._key_running.get(key, 0) + 1
+                key_running[key] = key_running.get(key, 0) + 1
             counts[_A] -= 1  # _move, inlined: this loop runs once per job
             counts[_R] += 1
             row.state = _R
@@ -594,6 +615,10 @@ class MemoryBackend:
             slot = wake[0][0]
             if next_due is None or slot < next_due:
                 next_due = slot  # a rate key's next slot: its parked jobs may start then
+        if self._woken:  # a job parked for its rate handed its key's slot on (`_rate_admits`)
+            events: list[BackendEvent] = []
+            self._wake_woken(events, but=queue)  # this claim weighed the ones of its own queue
+            self._emit_all(events)
         return ClaimResult(claimed, next_due)
 
     def _rate_admits(self, q: _QueueState, row: _Row, entry: tuple[int, float, int, int], now: float) -> bool:
@@ -687,8 +712,6 @@ class MemoryBackend:
             q = self._q(row.queue)
             if out.kind is _COMPLETED and out.error is None:  # the common case: nothing else to decide
                 events.append(self._finalize(row, q, JobState.COMPLETED, now))
-                if row.ckey is not None:
-                    events.append(JobsAvailable(row.queue))  # its slot is free
                 continue
             nxt = after_outcome(
                 out.kind, cancel_requested=row.cancel_requested, has_error=out.error is not None, run_at=out.run_at, now=now
@@ -702,19 +725,14 @@ class MemoryBackend:
             row.attempt += nxt.attempt_delta
             if nxt.state.final:
                 events.append(self._finalize(row, q, nxt.state, now))
-                if row.ckey is not None:
-                    events.append(JobsAvailable(row.queue))  # its slot is free
                 continue
             assert nxt.run_at is not None
             row.run_at = nxt.run_at
             self._move(row, q, nxt.state)
             self._push(row, q)
-            if nxt.state is _A:
-                events.append(JobsAvailable(row.queue))
-            else:
-                events.append(JobsAvailable(row.queue, nxt.run_at))
-                if row.ckey is not None:
-                    events.append(JobsAvailable(row.queue))  # its slot is free
+            events.append(JobsAvailable(row.queue) if nxt.state is _A else JobsAvailable(row.queue, nxt.run_at))
+        if self._woken:
+            self._wake_woken(events)  # once per queue and batch, and only where a freed slot let a job back
         self._emit_all(events)
 
     async def cancel(self, job_id: int) -> JobState:
@@ -733,7 +751,9 @@ class MemoryBackend:
         if row.ckey is not None:
             self._parked_cancelled(row.ckey)
         if row.ckey is not None and unparks(before, JobState.CANCELLED) and self._unpark(row.ckey):
-            self._emit(JobsAvailable(row.queue))  # it may have been the entry a freed slot brought back
+            events: list[BackendEvent] = []
+            self._wake_woken(events)  # it may have been the entry a freed slot brought back
+            self._emit_all(events)
         return JobState.CANCELLED
 
     async def heartbeat(self, running: Sequence[tuple[int, int]]) -> HeartbeatResult:
@@ -768,14 +788,13 @@ class MemoryBackend:
             row.failed += nxt.failed
             if nxt.state.final:
                 events.append(self._finalize(row, q, nxt.state, now))
-                if row.ckey is not None:
-                    events.append(JobsAvailable(row.queue))  # its slot is free
             else:
                 assert nxt.run_at is not None
                 row.run_at = nxt.run_at
                 self._move(row, q, nxt.state)
                 self._push(row, q)
                 events.append(JobsAvailable(row.queue))
+        self._wake_woken(events)  # the queues a freed slot let a parked job back into
         for event in events:
             self._emit(event)
         return rescued

@@ -291,8 +291,9 @@ class JobStore(Protocol):
         left as it is and nothing is emitted for it). A final state sets `finalized_at` and
         frees the job's unique key. The error, if any, is appended (the latest `MAX_ERRORS_KEPT`
         kept). One transaction for the batch. Emits `JobFinalized(id, state, last error)` per job
-        made final and `JobsAvailable` per job that may run again (with its `run_at` if later).
-        A batch holds at most one outcome per attempt (an attempt ends once); with two, which
+        made final and `JobsAvailable` per job that may run again (with its `run_at` if later),
+        and, for keyed jobs leaving `running`, `JobsAvailable` of the queues their freed slots
+        may let a job start in (as in `rescue`). A batch holds at most one outcome per attempt (an attempt ends once); with two, which
         one is stored is not specified.
         Any exception but `BackendUnavailable` means the backend refused this batch's content:
         the completer isolates the outcome it cannot store and writes the others."""
@@ -318,8 +319,10 @@ class JobStore(Protocol):
         with no attempt left is discarded, one whose cancellation was requested is cancelled),
         with an error saying so (`rows.rescue_message`). Rows that are not `running` are left
         alone. Returns the rescued ids, ascending. Emits `JobsAvailable(queue)` /
-        `JobFinalized` for them (and `JobsAvailable(queue)` for a keyed job made final: its
-        slot is free). Concurrent rescues (any process) never rescue a job twice."""
+        `JobFinalized` for them (and, for a keyed job made final, `JobsAvailable` of the queue
+        its freed slot may let a job start in: a backend that knows which parked job came back
+        may name only that job's queue, and none when none did). Concurrent rescues (any
+        process) never rescue a job twice."""
         ...
 
     async def delete_finished(self, before: Mapping[JobState, float], limit: int) -> int:

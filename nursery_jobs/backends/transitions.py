@@ -20,7 +20,8 @@ decided here, once:
 - `admit` says which due jobs a claim may start under the per-key and per-queue limits: the
   one decision "may this job start", which every backend takes inside its claim (memory and
   SQLite call it on the candidates in claim order; PostgreSQL runs the same rule as SQL under
-  per-key locks, `claim_picked_parking` in `pg_migrations/0014_rate_parking.sql`). A job's slot is its `running`
+  per-key locks, `claim_picked_parking` in `pg_migrations/0014_rate_parking.sql`; `key_admits` is
+  its per-key rule alone, for a claim that weighs one job at a time). A job's slot is its `running`
   row: there is no other record to free, so a job that leaves `running` by any transition
   above (an outcome, a rescue) frees it in the same write.
 - `unparks` and `parked_can_start` say when a key's *parked* jobs come back. A due job that a
@@ -85,6 +86,7 @@ __all__ = [
     "after_rescue",
     "check_batch",
     "check_room",
+    "key_admits",
     "on_cancel",
     "on_failure",
     "parked_can_start",
@@ -222,6 +224,14 @@ def on_cancel(state: JobState) -> CancelAction:
     return CancelAction.CANCEL
 
 
+def key_admits(running: int, limit: int | None) -> bool:
+    """Whether a job may start under its concurrency key's limit when `running` of the key's
+    jobs run (counting those the same claim started before it), `limit` its own
+    `max_concurrent`: the per-key rule of `admit`. A claim that weighs one keyed job at a time
+    (memory) asks this directly rather than building `admit`'s candidates per job."""
+    return running < (limit or 1)
+
+
 def admit(
     candidates: Iterable[tuple[str | None, int | None]],
     running: Mapping[str, int],
@@ -304,7 +314,7 @@ def admit_rated(
         if key is not None:
             got = taken.get(key)
             n = running.get(key, 0) if got is None else got
-            if n >= (limit or 1):
+            if not key_admits(n, limit):
                 continue
         if rkey is not None:
             rlimit, rper = rlimit or 1, rper or 0.0
