@@ -16,9 +16,16 @@ once unannotated (nothing to check) and once annotated ``doc_id: int, title: str
 list[str]`` (checked at enqueue with msgspec). Both runtimes run with default settings; the
 difference is the checking's per-job cost, and each is also shown against the baseline.
 
+`--keys K` counts the price of a per-key limit instead (issue 11, as `concurrency_keys.py
+--same-args` times it): N pre-filled jobs drained by 32 workers, each carrying ``{"key":
+"k<n % K>"}``, once with no limit and once with that key as its concurrency key at a limit of
+1. The difference is what the limit costs a job: the claim's admission, the key's running count,
+the freed slot and its wake-ups.
+
 Usage:
 
     .venv/bin/python benchmarks/memory_instructions.py [--jobs 1000]
+    .venv/bin/python benchmarks/memory_instructions.py --keys 1000 --workers 32
 
 Needs valgrind (Debian's package; present on this machine kind). Not run by the test suite.
 """
@@ -82,10 +89,50 @@ def _runtime_args(n: int, workers: int, typed: bool) -> None:
     nj.run(main, app=app)
 
 
-def _count(side: str, n: int, workers: int) -> int:
+def _runtime_keys(n: int, workers: int, keys: int, limited: bool) -> None:
+    from nursery_jobs.backends import NewJob
+
+    app = nj.App()
+    app.queue("bench", max_workers=workers, timeout=60)
+    done = trio.Event()
+    count = [0]
+
+    async def body() -> None:
+        count[0] += 1
+        if count[0] == n:
+            done.set()
+
+    if limited:
+
+        @app.job(queue="bench", name="job", concurrency_key=lambda args: args["key"], max_concurrent=1)
+        async def keyed(ctx: nj.JobContext, key: str) -> None:
+            await body()
+
+    else:
+
+        @app.job(queue="bench", name="job")
+        async def plain(ctx: nj.JobContext, key: str) -> None:
+            await body()
+
+    backend = nj.MemoryBackend()
+    jobs = [
+        NewJob("job", "bench", '{"key": "k%d"}' % (g % keys), 0, None, 25, None, f"k{g % keys}" if limited else None,
+               1 if limited else None)
+        for g in range(n)
+    ]  # fmt: skip
+    nj.run(lambda rt: backend.insert_many(jobs), app=nj.App(), backend=backend, queues=[])
+
+    async def main(rt: nj.Runtime) -> None:
+        with trio.fail_after(600):
+            await done.wait()
+
+    nj.run(main, app=app, backend=backend, grace=0.0)
+
+
+def _count(side: str, n: int, workers: int, keys: int = 0) -> int:
     out = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
-         "--side", side, "--jobs", str(n), "--workers", str(workers)],
+         "--side", side, "--jobs", str(n), "--workers", str(workers), "--keys", str(keys)],
         capture_output=True, text=True, timeout=1800, check=True,
     ).stderr  # fmt: skip
     match = re.search(r"Collected : (\d+)", out)
@@ -94,8 +141,8 @@ def _count(side: str, n: int, workers: int) -> int:
     return int(match.group(1))
 
 
-def per_job(side: str, n: int, workers: int) -> float:
-    return (_count(side, 3 * n, workers) - _count(side, n, workers)) / (2 * n)
+def per_job(side: str, n: int, workers: int, keys: int = 0) -> float:
+    return (_count(side, 3 * n, workers, keys) - _count(side, n, workers, keys)) / (2 * n)
 
 
 def main() -> int:
@@ -103,7 +150,9 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--args", action="store_true", help="count the argument check's price instead")
-    parser.add_argument("--side", choices=["baseline", "runtime", "unwatched", "typed", "untyped"], help=argparse.SUPPRESS)
+    parser.add_argument("--keys", type=int, default=0, help="count the price of a per-key limit over this many keys instead")
+    parser.add_argument("--side", choices=["baseline", "runtime", "unwatched", "typed", "untyped", "keyed", "unkeyed"],
+                        help=argparse.SUPPRESS)  # fmt: skip
     args = parser.parse_args()
     if args.side == "baseline":
         run_baseline(args.jobs, args.workers)
@@ -114,9 +163,19 @@ def main() -> int:
     if args.side in ("typed", "untyped"):
         _runtime_args(args.jobs, args.workers, typed=args.side == "typed")
         return 0
+    if args.side in ("keyed", "unkeyed"):
+        _runtime_keys(args.jobs, args.workers, args.keys, limited=args.side == "keyed")
+        return 0
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
         return 2
+    if args.keys:
+        unkeyed = per_job("unkeyed", args.jobs, args.workers, args.keys)
+        keyed = per_job("keyed", args.jobs, args.workers, args.keys)
+        print(f"instructions per job, {args.keys:,} keys, {args.workers} workers: no limit {unkeyed:,.0f}, "
+              f"limit 1 {keyed:,.0f}; the limit costs {keyed - unkeyed:,.0f} ({(keyed - unkeyed) / unkeyed:+.1%}), "
+              f"ratio {unkeyed / keyed:.3f}")  # fmt: skip
+        return 0
     base = per_job("baseline", args.jobs, args.workers)
     if args.args:
         plain = per_job("untyped", args.jobs, args.workers)
