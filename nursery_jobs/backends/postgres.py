@@ -12,7 +12,11 @@ Many processes on many hosts share one database. The design, call by call:
   cost stays flat however many of those the queue holds (tests/backends/postgres/test_claim_cost.py).
   Nor, after one pass, a due job whose concurrency key is full: the claim that passes over it
   parks it out of `jobs_available` until a job of its key leaves `running` (migration 0011).
-  The same round trip reports when the next scheduled job of the queue is due. Claims and heartbeats commit with `synchronous_commit =
+  The same round trip reports when the next scheduled job of the queue is due. A queue whose
+  claims have been plain (no key, rate or global limit) claims with a lean statement first
+  (`claim_plain`: the plain prefix of the same scan, in a third of the full statement's
+  execution time), which says in the same round trip whether the full one must run for the rest.
+  Claims and heartbeats commit with `synchronous_commit =
   off` (`PgPool.run(durable=False)`): losing the last milliseconds of them in a server crash
   only makes jobs claimable again, and they do not wait for the WAL flush. (After such a crash
   the lost claim's attempt number is handed out again, so a late outcome of the lost attempt
