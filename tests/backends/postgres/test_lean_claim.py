@@ -4,7 +4,7 @@ claim statement whenever that one has work to do first. The claim's result must 
 statement's on every case: a scheduled job come due (which may outrank the available ones), a
 keyed or rate-keyed job in the prefix, a rate wake time come. Each case here forces the lean
 start (`_lean[queue] = 0`) and checks the jobs, their order, the next due time and the round
-trips (counted at the bridge, as in test_round_trips.py). The conformance and contract suites
+trips (counted at the bridge: conftest.py). The conformance and contract suites
 pass with every claim started lean (RESULTS.md, h-pg1w)."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-import nursery_jobs.infra.pg as pg
 from nursery_jobs.backends import NewJob
 from nursery_jobs.backends.postgres import _LEAN_PAUSE, PostgresBackend
 from tests import pgutil
@@ -29,19 +28,6 @@ async def backend(pg_url):
     await b.open()
     yield b
     await b.close()
-
-
-@pytest.fixture
-def waits(monkeypatch) -> list[int]:
-    count = [0]
-    original = pg.TrioConnection.wait
-
-    async def counted(self, gen, *args, **kwargs):
-        count[0] += 1
-        return await original(self, gen, *args, **kwargs)
-
-    monkeypatch.setattr(pg.TrioConnection, "wait", counted)
-    return count
 
 
 def job(priority: int = 0, *, run_at: float | None = None, key: str | None = None, rate: str | None = None) -> NewJob:
