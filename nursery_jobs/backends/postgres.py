@@ -12,7 +12,11 @@ Many processes on many hosts share one database. The design, call by call:
   cost stays flat however many of those the queue holds (tests/backends/postgres/test_claim_cost.py).
   Nor, after one pass, a due job whose concurrency key is full: the claim that passes over it
   parks it out of `jobs_available` until a job of its key leaves `running` (migration 0011).
-  The same round trip reports when the next scheduled job of the queue is due. Claims and heartbeats commit with `synchronous_commit =
+  The same round trip reports when the next scheduled job of the queue is due. A queue whose
+  claims have been plain (no key, rate or global limit) claims with a lean statement first
+  (`claim_plain`: the plain prefix of the same scan, in a third of the full statement's
+  execution time), which says in the same round trip whether the full one must run for the rest.
+  Claims and heartbeats commit with `synchronous_commit =
   off` (`PgPool.run(durable=False)`): losing the last milliseconds of them in a server crash
   only makes jobs claimable again, and they do not wait for the WAL flush. (After such a crash
   the lost claim's attempt number is handed out again, so a late outcome of the lost attempt
@@ -420,6 +424,10 @@ class PostgresBackend:
         self._tx_limit = 0
         self._lent: dict[TrioConnection, list[Any]] = {}
         """The connections `transaction()` lent, each with the inserts to announce at its commit."""
+        self._lean: dict[str, int] = {}
+        """Per queue, how the claim starts: 0, with the lean statement (`claim_plain`); more, with
+        the full one for that many more claims; absent, with the full one until a claim shows
+        the queue's jobs plain."""
         self._dbname: str | None = None
         """The database the pool's connections reach (known once open): `enqueue_tx` checks a
         caller's connection against it."""
@@ -789,10 +797,29 @@ class PostgresBackend:
         now = self.now()
         q = self._q["claim_limited" if max_running is not None else "claim"]
         q_park, q_release = self._q["rate_park"], self._q["rate_release"]
+        pause = self._lean.get(queue)
+        lean = max_running is None and pause == 0
 
         async def body(conn: TrioConnection) -> ClaimResult:
             next_due = rate_next = None
             jobs: list[tuple[Any, ...]] = []
+            if lean:
+                # The queue's claims have been plain: the lean statement first. Its last row
+                # says whether the full one must run for the rest of the room; if so, this
+                # queue's next `_LEAN_PAUSE` claims run the full one directly, so a keyed queue
+                # does not pay two round trips a claim.
+                need, waiting, wake = False, None, None
+                for r in await _all(conn, self._q["claim_plain"], {"now": now, "queue": queue, "limit": limit}):
+                    if r[0] is not None:
+                        jobs.append(r)
+                    else:
+                        waiting, wake, need = r[7:10]
+                if not need:
+                    if wake is not None and wake > now:
+                        rate_next = wake
+                    return _claim_result(jobs, waiting if waiting is not None and waiting > now else None, rate_next)
+                self._lean[queue] = _LEAN_PAUSE
+            plain = not lean
             # The claim statement picks at most `want` jobs, and the limits may refuse some of
             # them (several of one key): then it looks again, and the next look passes over
             # the keys now full, so a key's backlog never keeps the claim from other keys' jobs
@@ -806,7 +833,7 @@ class PostgresBackend:
             # whose wake time has come brings back what its window admits (`rate_release`)
             # before the next look: each a round trip of its own, only when there is one to do.
             more = False
-            for _ in range(_CLAIM_LOOKS):
+            for look in range(_CLAIM_LOOKS if len(jobs) < limit else 0):
                 params = {"now": now, "queue": queue, "limit": limit - len(jobs)}
                 if max_running is not None:
                     params["max_running"] = max_running
@@ -824,6 +851,10 @@ class PostgresBackend:
                     # and what was parked, may hide startable jobs behind it.
                     full = room is not None and room <= 0
                     more = not full and (parked > 0 or taken < held)
+                    # Evidence that the lean statement would have done: plain jobs claimed by
+                    # one look, with no keyed pick, nothing parked or passed over for a rate.
+                    plain = plain and look == 0 and held == 0 and parked == 0 and not rate_ids and len(jobs) > 0
+                    plain = plain and (wake is None or wake > now)
                     if slot is not None and (rate_next is None or slot < rate_next):
                         rate_next = slot  # a rate key's next slot, seen under its lock (migration 0010)
                 if rate_ids:
@@ -842,15 +873,13 @@ class PostgresBackend:
                     break  # room filled, or nothing was passed over: there is nothing behind
             if more and len(jobs) < limit:
                 self._emit([JobsAvailable(queue)])  # jobs may wait behind the ones this claim parked
-            # Claim order: priority descending, then run_at, id. Two sorts by C key functions
-            # (the second stable, so it keeps the first's order within a priority) and the
-            # rows' first seven columns as the ClaimedJob, with no Python call per row: half
-            # the cost of a lambda key and the NamedTuple's own __new__ (RESULTS.md, h-twoproc).
-            jobs.sort(key=_RUN_AT_ID)
-            jobs.sort(key=_PRIORITY, reverse=True)
-            if rate_next is not None and (next_due is None or rate_next < next_due):
-                next_due = rate_next
-            return ClaimResult([_tuple_new(ClaimedJob, r[:7]) for r in jobs], next_due)
+            if max_running is None and not lean:
+                left = self._lean.get(queue)
+                if left is not None and left > 1:
+                    self._lean[queue] = left - 1
+                elif plain:
+                    self._lean[queue] = 0
+            return _claim_result(jobs, next_due, rate_next)
 
         # Not durable: a claim lost in a server crash leaves its jobs claimable (or rescued),
         # which at-least-once allows; the outcome written later is durable, and its WAL flush
@@ -1557,6 +1586,25 @@ _CLAIM_LOOKS = 4
 """Claim statements one claim runs at most, when the limits refused jobs it picked: each look
 passes over the keys the looks before it filled."""
 
+_LEAN_PAUSE = 100
+"""Claims of a queue that run the full claim statement directly after a lean one found it
+needed (a keyed job, a due scheduled one, a rate wake time): then one plain-looking full claim
+brings the lean statement back."""
+
+
+def _claim_result(jobs: list[tuple[Any, ...]], next_due: float | None, rate_next: float | None) -> ClaimResult:
+    """The claimed rows in claim order, and the earlier of the next due time and rate slot."""
+    # Claim order: priority descending, then run_at, id. Two sorts by C key functions (the
+    # second stable, so it keeps the first's order within a priority) and the rows' first
+    # seven columns as the ClaimedJob, with no Python call per row: half the cost of a lambda
+    # key and the NamedTuple's own __new__ (RESULTS.md, h-twoproc).
+    jobs.sort(key=_RUN_AT_ID)
+    jobs.sort(key=_PRIORITY, reverse=True)
+    if rate_next is not None and (next_due is None or rate_next < next_due):
+        next_due = rate_next
+    return ClaimResult([_tuple_new(ClaimedJob, r[:7]) for r in jobs], next_due)
+
+
 _KEY_FREE = (
     "(SELECT count(*) FROM {{s}}.jobs r WHERE r.state = 'running' AND r.concurrency_key = {t}.concurrency_key)"
     " < coalesce({t}.max_concurrent, 1)"
@@ -1678,6 +1726,38 @@ def _claim_sql(*, limited: bool) -> str:
         # The room `claim_picked` left under the queue's global limit (migration 0015; NULL: not
         # called, or no global limit): 0 is a full queue, more is a pick the keys cut short.
         "  (SELECT min(attempt) FROM held WHERE id IS NULL)"
+    )
+
+
+def _claim_plain_sql() -> str:
+    """The lean claim (see the comment above `_QUERIES["claim_plain"]`)."""
+    return (
+        # The queue's earliest waiting row and rate wake time: due ones are the full claim's work.
+        "WITH w AS (SELECT (SELECT min(run_at) FROM {s}.jobs WHERE queue = %(queue)s"
+        "   AND state IN ('scheduled', 'retryable')) AS waiting,"
+        "  (SELECT min(wake) FROM {s}.rate_wakes WHERE queue = %(queue)s) AS wake),"
+        # The first `limit` available rows in claim order, each with whether it and every row
+        # before it is plain (no concurrency or rate key): the plain prefix. Not read at all
+        # (a one-time filter) when the full claim has to run first.
+        " scan AS (SELECT id, bool_and(plain) OVER (ROWS UNBOUNDED PRECEDING) AS lead"
+        "  FROM (SELECT id, concurrency_key IS NULL AND rate_key IS NULL AS plain"
+        "   FROM {s}.jobs WHERE queue = %(queue)s AND state = 'available' AND NOT parked AND run_at <= %(now)s"
+        "   AND NOT EXISTS (SELECT 1 FROM w WHERE waiting <= %(now)s OR wake <= %(now)s)"
+        "   ORDER BY " + _CLAIM_ORDER + " LIMIT %(limit)s FOR UPDATE SKIP LOCKED) o),"
+        " claimed AS ("
+        " UPDATE {s}.jobs SET state = 'running', attempt = attempt + 1, attempted_at = %(now)s,"
+        "  heartbeat_at = %(now)s"
+        " WHERE id = ANY(ARRAY(SELECT id FROM scan WHERE lead))"
+        " RETURNING id, kind, queue, args, attempt, max_attempts, priority, run_at)"
+        " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at,"
+        "  NULL::float8, NULL::boolean FROM claimed"
+        " UNION ALL"
+        # The last row: the next waiting job's time, the earliest rate wake time, and whether
+        # the full claim must run for the rest (a due waiting row or wake time, or a keyed row
+        # in the prefix read).
+        " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, (SELECT waiting FROM w), (SELECT wake FROM w),"
+        "  coalesce((SELECT waiting <= %(now)s OR wake <= %(now)s FROM w), false)"
+        "   OR EXISTS (SELECT 1 FROM scan WHERE NOT lead)"
     )
 
 
@@ -1819,6 +1899,13 @@ _QUERIES: dict[str, sql.SQL] = {
     # Under a queue's global limit: every job picked goes to `claim_picked_parking`, which counts the
     # queue's running jobs under the queue's lock.
     "claim_limited": sql.SQL(_claim_sql(limited=True)),
+    # The lean claim of a queue whose due jobs are plain (no concurrency or rate key, no global
+    # limit): the plain prefix of the first `limit` available rows in claim order, through
+    # `jobs_available` as the full claim reads it, and none of the full claim's CTEs. It claims
+    # nothing when a scheduled or retryable job has come due (the full claim promotes it, and it
+    # may come first) or a rate wake time has come, and its last row says whether the full claim
+    # must run for the rest (those, or a keyed row behind the prefix): see `claim`.
+    "claim_plain": sql.SQL(_claim_plain_sql()),
     # Jobs a claim passed over for their rate, parked under their keys' locks; and a queue's
     # rate keys whose wake time came, brought back as far as their windows admit (migration 0014).
     "rate_park": sql.SQL("SELECT {s}.rate_park(%(ids)s::bigint[], %(queue)s::text, %(now)s::float8)"),

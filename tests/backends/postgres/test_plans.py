@@ -143,6 +143,7 @@ def _statements(schema: str, running: list[int]) -> dict[str, list[Any]]:
     ids = running[:OUTCOMES]
     return {
         "claim": {"now": 1e12, "queue": "q", "limit": CLAIM_LIMIT},
+        "claim_plain": {"now": 1e12, "queue": "q", "limit": CLAIM_LIMIT},
         "finish": {
             "ids": _int_array(ids),
             "outcomes": _outcomes_json([Outcome(i, 1, OutcomeKind.COMPLETED) for i in ids], 1e12),
@@ -163,6 +164,8 @@ ALLOWED = {
     # Rate keys (migration 0010): the probe of a keyed row's record; and the probe of its key's
     # wake time, and the queue's earliest one (migration 0014).
     "claim": {"jobs_available", "jobs_waiting", "jobs_pkey", "jobs_running_key", "rate_keys_pkey", "rate_wakes_pkey"},
+    # The lean claim: the queue's earliest waiting row and rate wake time, then its scan.
+    "claim_plain": {"jobs_available", "jobs_waiting", "jobs_pkey", "rate_wakes_pkey"},
     "finish": {"jobs_pkey"},
     "heartbeat": {"jobs_pkey"},
     "rescue": {"jobs_running", "jobs_running_unbeaten", "jobs_pkey"},
@@ -177,6 +180,7 @@ REQUIRED = {
     "finish": {"jobs_pkey"},
     "heartbeat": {"jobs_pkey"},
     "claim": {"jobs_available"},
+    "claim_plain": {"jobs_available"},
     "delete_finished": {"jobs_finalized"},
     "count_pending": {"jobs_available", "jobs_parked_queue", "jobs_waiting"},
 }
@@ -203,11 +207,11 @@ def _check(name: str, plan: dict[str, Any], size: int, *, small_plan: bool = Fal
         if n.get("Relation Name") == "jobs" and n.get("Actual Loops", 1) > 1:
             # A scan repeated per row of another list may only be a probe by that row's key.
             assert "Index Cond" in n, f"{where}: {n['Node Type']} of jobs looped {n['Actual Loops']} times"
-    if name == "claim":
+    if name in ("claim", "claim_plain"):
         # The available rows come off `jobs_available` in claim order, as far as the claim may
-        # read (its limit, PARK_AT_ONCE more, and the row that stops the scan): never all of
-        # them, collected by a bitmap scan and sorted.
-        bound = CLAIM_LIMIT + PARK_AT_ONCE + 1
+        # read (its limit, PARK_AT_ONCE more, and the row that stops the scan; the lean claim
+        # its limit): never all of them, collected by a bitmap scan and sorted.
+        bound = CLAIM_LIMIT + PARK_AT_ONCE + 1 if name == "claim" else CLAIM_LIMIT
         for n in nodes:
             if n.get("Index Name") == "jobs_available":
                 assert n["Node Type"] == "Index Scan", f"{where}: {n['Node Type']} of jobs_available"
@@ -263,18 +267,23 @@ def test_the_claim_reads_its_rows_in_order_when_a_tenth_of_the_table_is_availabl
         add(10_000, "available", 200_000.0)
         t.analyze()
         args = _statements(t.schema, [1])["claim"]
-        _check("claim", explain_generic(t.conn, "claim", t.schema, args), 110_000)
+
+        def check() -> None:
+            for name in ("claim", "claim_plain"):
+                _check(name, explain_generic(t.conn, name, t.schema, args), 110_000)
+
+        check()
         t.conn.execute(
             sql.SQL(
                 "UPDATE {} SET state = 'completed', attempt = 1, finalized_at = 1.0 WHERE id IN (SELECT id FROM {}"
                 " WHERE state = 'available' ORDER BY priority DESC, run_at, id LIMIT 2000)"
             ).format(jobs, jobs)
         )
-        _check("claim", explain_generic(t.conn, "claim", t.schema, args), 110_000)
+        check()
         t.conn.execute(sql.SQL("DELETE FROM {} WHERE state = 'completed' AND finalized_at = 1.0").format(jobs))
         add(2_000, "available", 300_000.0)
         t.conn.execute(sql.SQL("VACUUM (ANALYZE, INDEX_CLEANUP ON) {}").format(jobs))
-        _check("claim", explain_generic(t.conn, "claim", t.schema, args), 110_000)
+        check()
     finally:
         t.conn.close()
 
@@ -362,11 +371,12 @@ def test_a_plan_made_when_the_table_was_small_still_holds_when_it_grows(pg_url: 
     small table whole, nor joined a list against it. (The failure this guards: the claim, planned
     on an analyzed empty table, joined the picked ids against a full scan of the primary key,
     ~0.3 s per claim of 100 once 10,000 jobs were waiting.)"""
-    cached = CachedPlans(pg_url, small_rows, ["claim"])
+    cached = CachedPlans(pg_url, small_rows, ["claim", "claim_plain"])
     try:
         cached.table.grow(200_000)  # no analyze: the statistics still describe the small table
         running = cached.table.start_running(RUNNING)
-        _check("claim", cached.explain("claim", _statements(cached.table.schema, running)["claim"]), 200_000)
+        for name in ("claim", "claim_plain"):
+            _check(name, cached.explain(name, _statements(cached.table.schema, running)[name]), 200_000)
     finally:
         cached.conn.close()
 
@@ -482,3 +492,43 @@ def test_the_claim_with_concurrency_keys_keeps_its_plan(pg_url: str, size: int) 
                 assert buffers <= 60 * picked, f"claim_picked_parking at {size:,} rows: {buffers} buffers for {picked} jobs"
     finally:
         keyed.conn.close()
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_the_lean_claim_keeps_its_plan_on_skewed_states(pg_url: str, size: int) -> None:
+    """The lean claim (`claim_plain`) on tables whose pending rows are skewed, analyzed: 90 % of
+    them scheduled for later (jobs_waiting large, none due), a few rate wake times of the
+    queue, and a keyed row at the head of the available ones. It must read the queue's
+    earliest waiting row and wake time by their indexes, the available rows off
+    `jobs_available` in order, at most its limit of them, and claim nothing past the keyed row;
+    and with a waiting row come due, read no available row at all (the full claim's work)."""
+    skewed = Table(pg_url)
+    try:
+        s = sql.Identifier(skewed.schema)
+        skewed.conn.execute(
+            sql.SQL(
+                "INSERT INTO {}.jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at, finalized_at)"
+                " SELECT 'noop', 'q', '{{}}', CASE WHEN g %% 100 = 0 THEN 'available' WHEN g %% 10 = 0 THEN 'scheduled'"
+                "  ELSE 'completed' END, 25, 0, CASE WHEN g %% 100 <> 0 AND g %% 10 = 0 THEN 1e12 + g ELSE g END, g,"
+                "  CASE WHEN g %% 10 <> 0 THEN g END FROM generate_series(1, %s) g"
+            ).format(s),
+            (size,),
+        )
+        skewed.conn.execute(sql.SQL("INSERT INTO {}.rate_wakes SELECT 'q', 'r' || g, 2e12 + g FROM generate_series(1, 20) g").format(s))
+        (head,) = skewed.conn.execute(
+            sql.SQL("UPDATE {0}.jobs SET concurrency_key = 'k', max_concurrent = 1 WHERE id ="
+                    " (SELECT id FROM {0}.jobs WHERE state = 'available' ORDER BY priority DESC, run_at, id OFFSET 5 LIMIT 1)"
+                    " RETURNING id").format(s)  # fmt: skip
+        ).fetchone()  # type: ignore[misc]
+        skewed.analyze()
+        args = {"now": 1e12, "queue": "q", "limit": CLAIM_LIMIT}
+        plan = explain_generic(skewed.conn, "claim_plain", skewed.schema, args)
+        _check("claim_plain", plan, max(size, 100_000))
+        (update,) = [n for n in _walk(plan["Plan"]) if n.get("Node Type") == "ModifyTable"]
+        assert update["Actual Rows"] == 5, f"claimed {update['Actual Rows']} rows, not the 5 before the keyed row {head}"
+        due = dict(args, now=1e12 + size)  # every scheduled row due
+        nodes = list(_walk(explain_generic(skewed.conn, "claim_plain", skewed.schema, due)["Plan"]))
+        assert [n["Actual Rows"] for n in nodes if n.get("Index Name") == "jobs_available"] in ([], [0]), nodes
+        assert {n["Index Name"] for n in nodes if "Index Name" in n} <= ALLOWED["claim_plain"]
+    finally:
+        skewed.conn.close()

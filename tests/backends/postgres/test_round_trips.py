@@ -10,7 +10,6 @@ import pytest
 import trio
 
 import nursery_jobs as nj
-import nursery_jobs.infra.pg as pg
 from nursery_jobs.backends import NewJob, Outcome, OutcomeKind
 from nursery_jobs.backends.postgres import PostgresBackend
 from tests import pgutil
@@ -23,19 +22,6 @@ async def backend(pg_url):
     await b.open()
     yield b
     await b.close()
-
-
-@pytest.fixture
-def waits(monkeypatch) -> list[int]:
-    count = [0]
-    original = pg.TrioConnection.wait
-
-    async def counted(self, gen, *args, **kwargs):
-        count[0] += 1
-        return await original(self, gen, *args, **kwargs)
-
-    monkeypatch.setattr(pg.TrioConnection, "wait", counted)
-    return count
 
 
 def _jobs(n: int, queue: str = "q") -> list[NewJob]:
