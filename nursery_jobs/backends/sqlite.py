@@ -208,16 +208,6 @@ _KEY_INDEXES = (
     " WHERE state = 'available' AND parked = 1 AND rate_wait = 1",
 )
 
-_CLAIM_READ = (
-    "SELECT id, concurrency_key, max_concurrent, rate_key, rate_limit, rate_per, CASE WHEN concurrency_key IS NULL"
-    " THEN 0 ELSE (SELECT count(*) FROM nj_jobs r WHERE r.state = 'running' AND r.concurrency_key = nj_jobs.concurrency_key)"
-    f" END FROM nj_jobs WHERE queue = ?2 AND {_PENDING} AND parked = 0 AND run_at <= ?1 ORDER BY priority DESC, run_at, id"
-)
-"""The claim's read: the due jobs that are not parked, in claim order (`nj_jobs_claimable`),
-each keyed one with its key's running jobs (a probe of `nj_jobs_running_key` within the
-statement, read as the claim steps to the row). A statement per key, as before, was most of a
-keyed claim's cost: about 5 us per job it started on top of the row's own read, for a count of
-0 or 1; the probe costs under 1 us."""
 _NO_LIMIT = 2**31
 """A limit no key reaches: a parked row whose rate cannot be read comes back at once."""
 _IDS_PER_STATEMENT = 500
@@ -230,6 +220,29 @@ read from the pending rows' index, so its cost grows with the bound, never with 
 _FINAL = ("completed", "discarded", "cancelled")
 _SYNC_MODES = {"full": "FULL", "normal": "NORMAL"}
 _WAKE_MODES = {"on": True, "off": False}
+
+
+class _RunningByKey(Mapping[str, int]):
+    """The running jobs of each concurrency key, read when `admit` first asks for a key."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._read: dict[str, int] = {}
+
+    def __getitem__(self, key: str) -> int:
+        n = self._read.get(key)
+        if n is None:
+            row = self._conn.execute(
+                "SELECT count(*) FROM nj_jobs WHERE state = 'running' AND concurrency_key = ?", (key,)
+            ).fetchone()
+            n = self._read[key] = int(row[0]) if row else 0
+        return n
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
 
 
 def _passed_over(
@@ -1121,30 +1134,31 @@ class SqliteBackend:
                 (queue_running,) = conn.execute(
                     "SELECT count(*) FROM nj_jobs WHERE queue = ? AND state = 'running'", (queue,)
                 ).fetchone()
-            cur = conn.execute(_CLAIM_READ, (now, queue))
+            cur = conn.execute(
+                "SELECT id, concurrency_key, max_concurrent, rate_key, rate_limit, rate_per"
+                f" FROM nj_jobs WHERE queue = ?2 AND {_PENDING}"
+                "  AND parked = 0 AND run_at <= ?1 ORDER BY priority DESC, run_at, id",
+                (now, queue),
+            )
             seen: list[tuple[int, str | None, int]] = []
             rates: list[tuple[str, int, float] | None] = []
-            running: dict[str, int] = {}
 
             def candidates() -> Iterator[tuple[Any, ...]]:
                 """The due rows, one at a time as `admit_rated` asks for the next (each kept in
-                `seen`, its key's running jobs in `running`), at most `PARK_AT_ONCE` beyond
-                `limit`."""
-                for job_id, key, most, rkey, rlimit, rper, n in itertools.islice(cur, limit + PARK_AT_ONCE):
-                    key = None if key is None else str(key)
-                    seen.append((job_id, key, most if isinstance(most, int) and most >= 1 else 1))
-                    if key is not None:
-                        running.setdefault(key, n)  # the same for each row of the key: nothing is written meanwhile
+                `seen`), at most `PARK_AT_ONCE` beyond `limit`."""
+                for job_id, key, most, rkey, rlimit, rper in itertools.islice(cur, limit + PARK_AT_ONCE):
+                    seen.append((job_id, None if key is None else str(key), most if isinstance(most, int) and most >= 1 else 1))
                     rate = _rate_of(rkey, rlimit, rper)
                     rates.append(rate)
                     yield *seen[-1][1:], *(rate or (None, None, None))
 
+            running = _RunningByKey(conn)
             verdict = admit_rated(
                 candidates(), running, starts, want=limit, now=now, queue_running=queue_running, max_running=max_running
             )
             cur.close()
             # Only the rows the admission weighed were read (it stops at the one that filled
-            # the claim), with their keys' running jobs.
+            # the claim), and each of their keys' running jobs counted once, by it.
             due = range(len(seen))
             picked = list(verdict.started)
             over_key = _passed_over(seen, due, picked, running)
