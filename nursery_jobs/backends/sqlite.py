@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import contextvars
+import itertools
 import json
 import logging
 import math
@@ -267,12 +268,28 @@ def _unpark(conn: sqlite3.Connection, keys: Sequence[Any]) -> int:
     place. Returns how many came back."""
     back = 0
     for key, n in collections.Counter(keys).items():
+        # One job (the usual case) by `id = (...)`: `id IN (...)` fills a temporary b-tree
+        # with the subquery's ids, one per statement.
         back += conn.execute(
-            "UPDATE nj_jobs SET parked = 0 WHERE id IN (SELECT id FROM nj_jobs WHERE concurrency_key = ?"
-            " AND state = 'available' AND parked = 1 AND rate_wait = 0 ORDER BY priority DESC, run_at, id LIMIT ?)",
-            (key, n),
+            _UNPARK_ONE if n == 1 else _UNPARK_SOME, (key,) if n == 1 else (key, n)
         ).rowcount
     return back
+
+
+_BEST_PARKED = (
+    "SELECT id FROM nj_jobs WHERE concurrency_key = ?1 AND state = 'available' AND parked = 1 AND rate_wait = 0"
+    " ORDER BY priority DESC, run_at, id"
+)
+"""A key's parked jobs that wait for its slot (not for a rate), best first (`nj_jobs_parked`)."""
+_UNPARK_ONE = f"UPDATE nj_jobs SET parked = 0 WHERE id = ({_BEST_PARKED} LIMIT 1)"
+_UNPARK_SOME = f"UPDATE nj_jobs SET parked = 0 WHERE id IN ({_BEST_PARKED} LIMIT ?2)"
+_HAS_PARKED = (
+    "CASE WHEN concurrency_key IS NULL THEN 0 ELSE EXISTS (SELECT 1 FROM nj_jobs p WHERE p.concurrency_key"
+    " = nj_jobs.concurrency_key AND p.state = 'available' AND p.parked = 1 AND p.rate_wait = 0) END"
+)
+"""A result column of a read of `nj_jobs`: whether the row's key has a parked job that waits
+for its slot, so an outcome writes an unpark only for such a key (most keys have none: the
+probe of `nj_jobs_parked` is cheaper than the statement that would find nothing)."""
 
 
 def _repair_parked(conn: sqlite3.Connection, now: float) -> list[str]:
@@ -1126,25 +1143,24 @@ class SqliteBackend:
             seen: list[tuple[int, str | None, int]] = []
             rates: list[tuple[str, int, float] | None] = []
 
-            def read_due(n: int) -> list[int]:
-                """The next `n` due rows of the cursor; their indexes in `seen`."""
-                first = len(seen)
-                for job_id, key, most, rkey, rlimit, rper in cur.fetchmany(n):
+            def candidates() -> Iterator[tuple[Any, ...]]:
+                """The due rows, one at a time as `admit_rated` asks for the next (each kept in
+                `seen`), at most `PARK_AT_ONCE` beyond `limit`."""
+                for job_id, key, most, rkey, rlimit, rper in itertools.islice(cur, limit + PARK_AT_ONCE):
                     seen.append((job_id, None if key is None else str(key), most if isinstance(most, int) and most >= 1 else 1))
-                    rates.append(_rate_of(rkey, rlimit, rper))
-                return list(range(first, len(seen)))
-
-            def candidates(pool: Sequence[int]) -> Any:
-                for i in pool:
-                    yield *seen[i][1:], *(rates[i] or (None, None, None))
+                    rate = _rate_of(rkey, rlimit, rper)
+                    rates.append(rate)
+                    yield *seen[-1][1:], *(rate or (None, None, None))
 
             running = _RunningByKey(conn)
-            due = read_due(limit + PARK_AT_ONCE)
             verdict = admit_rated(
-                candidates(due), running, starts, want=limit, now=now, queue_running=queue_running, max_running=max_running
+                candidates(), running, starts, want=limit, now=now, queue_running=queue_running, max_running=max_running
             )
-            picked = [due[i] for i in verdict.started]
             cur.close()
+            # Only the rows the admission weighed were read (it stops at the one that filled
+            # the claim), and each of their keys' running jobs counted once, by it.
+            due = range(len(seen))
+            picked = list(verdict.started)
             over_key = _passed_over(seen, due, picked, running)
             # Read and not started, its key not full, and over its rate after this claim's
             # starts: passed over for its rate alone, parked with its next slot.
@@ -1268,8 +1284,8 @@ class SqliteBackend:
             for i in range(0, len(ids), _IDS_PER_STATEMENT):
                 chunk = ids[i : i + _IDS_PER_STATEMENT]
                 for row in conn.execute(
-                    "SELECT id, queue, state, attempt, cancel_requested, errors, concurrency_key FROM nj_jobs"
-                    f" WHERE id IN ({','.join('?' * len(chunk))})",
+                    f"SELECT id, queue, state, attempt, cancel_requested, errors, concurrency_key, {_HAS_PARKED}"
+                    f" FROM nj_jobs WHERE id IN ({','.join('?' * len(chunk))})",
                     chunk,
                 ):
                     current[row[0]] = row[1:]
@@ -1281,10 +1297,10 @@ class SqliteBackend:
                 row = current.get(out.job_id)
                 if row is None:
                     continue
-                queue, state, attempt, cancel_requested, errors_json, key = row
+                queue, state, attempt, cancel_requested, errors_json, key, has_parked = row
                 if state != "running" or attempt != out.attempt:
                     continue  # stale: the job moved on without this worker
-                current[out.job_id] = (queue, "done", attempt, cancel_requested, errors_json, key)  # once per batch
+                current[out.job_id] = (queue, "done", *row[2:])  # once per batch
                 errors, _ = read_errors(errors_json)
                 if out.error is not None:
                     e = out.error
@@ -1298,7 +1314,7 @@ class SqliteBackend:
                     now=now,
                 )
                 errors_text = json.dumps(errors) if errors else None
-                if key is not None:
+                if has_parked:  # read before this batch's writes, none of which parks a job
                     freed += [key] * unparks(JobState.RUNNING, nxt.state)
                 if nxt.state.final:
                     finals.append((nxt.state.value, now, errors_text, nxt.failed, out.job_id))
