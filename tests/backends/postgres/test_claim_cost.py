@@ -123,7 +123,7 @@ async def test_a_version_1_schema_is_refused_then_upgraded_by_migrate(pg_url):
     import nursery_jobs as nj
     from nursery_jobs.backends.postgres import LATEST_VERSION, migrate
 
-    assert LATEST_VERSION == 15
+    assert LATEST_VERSION == 16
     schema = pgutil.new_schema(pg_url)
     with psycopg.connect(pg_url, autocommit=True) as conn:  # back to what version 1 left
         conn.execute(f'DELETE FROM "{schema}".migrations WHERE version >= 2')
