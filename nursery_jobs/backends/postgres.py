@@ -1573,8 +1573,7 @@ _UNPARK_FREED = (
 """For the rows `upd` moved out of `running` (each freed its key's slot): each key's best
 parked jobs, one per freed slot, go back into claim order (migration 0011, `unpark_keys`),
 after every row of `upd` is written and so in a snapshot that sees any claim that parked a job
-while holding one of those rows. (It looks for a parked job of the keys first, in that snapshot,
-and writes nothing when there is none: migration 0016.)"""
+while holding one of those rows."""
 
 _RATE_FREE = (
     "NOT EXISTS (SELECT 1 FROM {{s}}.rate_keys k WHERE k.key = {t}.rate_key"

@@ -165,7 +165,7 @@ async def test_a_version_1_schema_is_refused_then_upgraded_by_migrate(pg_url):
                                        "0006_concurrency_keys.sql", "0008_schedules_and_locks.sql", "0009_outbox.sql",
                                        "0010_rate_limits.sql", "0011_parked_keys.sql", "0012_parked_counted.sql",
                                        "0013_claim_in_one_statement.sql", "0014_rate_parking.sql",
-                                       "0015_claim_reasons.sql", "0016_keyed_admission_in_sets.sql"]
+                                       "0015_claim_reasons.sql", "0016_lock_keys_planned_once.sql"]
     with psycopg.connect(pg_url, autocommit=True) as conn:
         names = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s", (schema,))}
         (args_type,) = conn.execute(

@@ -1,9 +1,10 @@
-"""`claim_picked` against `transitions.admit`, pick by pick (migration 0016).
+"""`claim_picked` against `transitions.admit`, pick by pick.
 
-The function decides which picked jobs start in one of two ways: in one statement when no rate
-is weighed and each key's candidates carry one limit, and by migration 0015's loop otherwise.
-Both must be `transitions.admit`: the same jobs started, the same room left under a global limit.
-Each case is written, claimed and rolled back in one transaction on one connection."""
+The function restates the rule in SQL (migration 0015, under the locks `lock_keys` takes,
+migration 0016): for random picks over a few keys, with one limit per key or limits that differ
+within a key, some of each key already running, with and without a queue's global limit, it
+starts the same jobs as `transitions.admit` and reports the same room left. Each case is
+written, claimed and rolled back in one transaction on one connection."""
 
 from __future__ import annotations
 
