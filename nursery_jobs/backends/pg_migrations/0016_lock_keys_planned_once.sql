@@ -3,16 +3,17 @@
 -- Measured on a private cluster (pg_stat_statements, track_functions; benchmarks/RESULTS.md,
 -- "Per-key concurrency", 2026-12-03): `claim_picked`, which a keyed claim calls through
 -- `claim_picked_parking`, called `lock_keys` twice per claim (the concurrency keys, then the rate
--- keys), and the two calls took 0.28-0.29 ms per claim for 0.07-0.09 ms of work in their
+-- keys), and the two calls took 0.33-0.41 ms per claim for 0.07-0.09 ms of work in their
 -- statement: a LANGUAGE sql function that is not inlined is parsed and planned again at its
 -- first call in each transaction, and every claim is a transaction. As PL/pgSQL, with the same
--- statement, its plan is kept by the session: 0.07-0.10 ms for the two calls. The locks, their
+-- statement, its plan is kept by the session: 0.12-0.16 ms for the two calls. The locks, their
 -- spaces, hashes and order are unchanged.
 --
 -- Tried and measured in the same session, and left out (neither was measurably cheaper):
 -- admitting a pick with no rate and one limit per key in one statement (each key's running rows
--- counted once, the candidates ranked within their key) instead of `claim_picked`'s loop, whose
--- 32 iterations cost less than the extra statement that chose between the two; and an
+-- counted once, the candidates ranked within their key) instead of `claim_picked`'s loop (the
+-- update of the admitted rows, the same either way, is most of the function's time, and the
+-- loop over 32 candidates little of it); and an
 -- `unpark_keys` that probes for a parked job before it updates, when its update of no row
 -- costs 0.006 ms.
 --
