@@ -14,9 +14,13 @@ it against the key's other due jobs in claim order. One freed slot lets one more
 start, so one entry per freed slot is all that ever needs to come back. The write that brought
 entries back wakes their queues, once each (`_woken`): only a queue a job came back to has
 anything new to claim, and a key may span queues, so it is that job's queue, not the freeing
-job's. A slot freed with nothing parked behind it wakes nothing (the completer wakes the fetcher
-after every batch anyway, and any due job no claim passed over is still in the heap): with one
-key per job, a wake-up per job was a measurable share of a keyed drain (issue 11). A claim asks
+job's. A slot freed with nothing parked behind it wakes nothing, and no job is lost by that:
+a claim that comes back short has emptied the due heap (each job claimed or parked), one that
+comes back full makes the fetcher claim again, and every other way into the heap wakes the
+queue (an insert, a retry or rescue to available, an unpark through `_woken`). The completer's
+`outcomes_written` is not what covers it: without `global_max_workers` it only lets a fetcher
+that stopped for backpressure claim again. With one key per job, a wake-up per job was a
+measurable share of a keyed drain (issue 11). A claim asks
 `transitions.key_admits` per keyed job, which is `admit`'s per-key rule without building its
 candidates.
 

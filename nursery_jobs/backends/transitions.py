@@ -408,7 +408,7 @@ it."""
 def parked_can_start(running: int, limit: int | None) -> bool:
     """The repair's test: a key with `running` jobs running and parked jobs whose best one has
     `limit` (None: 1) has a free slot, so that job must come back into claim order."""
-    return running < (limit or 1)
+    return key_admits(running, limit)
 
 
 PENDING = (JobState.AVAILABLE, JobState.SCHEDULED, JobState.RETRYABLE)
