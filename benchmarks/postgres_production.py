@@ -96,6 +96,7 @@ TARGET_PROCS = 1.3
 TARGET_START_P50 = 0.0025
 TARGET_START_P99 = 0.005
 RAN_OUT = "the table ran out of jobs within the window: lengthen the table or shorten the window"
+STALLED = "no outcome was written within the window: the machine stalled the processes; lengthen the window"
 
 
 @attrs.frozen
@@ -307,8 +308,9 @@ def processes_rate(url: str, schema: str, procs: int, workers: int, window: floa
             await trio.sleep(window)
             t1 = time.perf_counter()
             c1 = (await rt.stats())[QUEUE]
-            problem = RAN_OUT if c1.available == 0 else None
-            return (c1.completed - c0.completed) / (t1 - t0), problem
+            done = c1.completed - c0.completed
+            problem = RAN_OUT if c1.available == 0 else STALLED if done == 0 else None
+            return done / (t1 - t0), problem
 
     try:
         rate, problem = run_app(main, app, burl, queues=["launch"])
@@ -337,10 +339,13 @@ class Figures:
     """(table size, workers) -> jobs/s per round."""
     rt: dict[tuple[int, int], list[float]] = attrs.field(factory=dict)
     procs: dict[int, list[float]] = attrs.field(factory=dict)
+    """Processes -> outcomes/s per round (an invalid round's figure too, never judged)."""
+    invalid_rounds: set[int] = attrs.field(factory=set)
+    """Process rounds (0-based) in which either side's figure was invalid."""
     problems: list[str] = attrs.field(factory=list)
     """Runs that left an outcome unwritten."""
     invalid: list[str] = attrs.field(factory=list)
-    """Runs whose figure does not count (the table ran out of jobs in the window)."""
+    """Runs whose figure does not count (the table ran out of jobs, or nothing was written, in the window)."""
     starts: list[float] = attrs.field(factory=list)
     synchronous_commit: str = "?"
 
@@ -351,10 +356,18 @@ class Figures:
         small, large = min(self.sizes.sizes), max(self.sizes.sizes)
         return statistics.median(self.rt[large, workers]) / statistics.median(self.rt[small, workers])
 
-    def procs_ratio(self) -> float | None:
+    def procs_pairs(self) -> list[tuple[float, float]]:
+        """(2-process, 1-process) rates of the rounds where both figures are valid."""
         if 1 not in self.procs or 2 not in self.procs:
+            return []
+        rounds = zip(self.procs[2], self.procs[1])
+        return [pair for r, pair in enumerate(rounds) if r not in self.invalid_rounds]
+
+    def procs_ratio(self) -> float | None:
+        pairs = self.procs_pairs()
+        if not pairs:
             return None
-        return median_ratio(self.procs[2], self.procs[1])
+        return median_ratio([two for two, _ in pairs], [one for _, one in pairs])
 
     def verdicts(self) -> dict[str, bool]:
         out: dict[str, bool] = {}
@@ -447,7 +460,8 @@ def measure(db: str, s: Sizes, *, log: Callable[[str], None] = print) -> Figures
         for procs in ((1, 2) if r % 2 == 0 else (2, 1)):
             restore(db, _schema(proc_size), proc_size)
             rate, problem = processes_rate(db, _schema(proc_size), procs, s.proc_workers, s.proc_window, s.proc_warmup)
-            if problem == RAN_OUT:
+            if problem in (RAN_OUT, STALLED):
+                f.invalid_rounds.add(r)
                 f.invalid.append(f"{procs} processes, round {r + 1}: {problem}")
                 log(f"  INVALID: {problem}")
             elif problem:
@@ -483,7 +497,7 @@ def table(f: Figures) -> str:
         rows.append((f"{procs} worker process(es) x {s.proc_workers} workers (median)", f"{med(values):,.0f} jobs/s", "", ""))
     ratio = f.procs_ratio()
     if ratio is not None:
-        rounds = ", ".join(f"{a / b:.2f}" for a, b in zip(f.procs[2], f.procs[1]))
+        rounds = ", ".join(f"{a / b:.2f}" for a, b in f.procs_pairs())
         rows.append((f"2 processes / 1 (rounds {rounds})", f"{ratio:.2f}", f">= {TARGET_PROCS}", ok["2 processes / 1"]))
     rows.append(("runs with an outcome left unwritten", str(len(f.problems)), "0", ok["no outcome left unwritten"]))
     if f.starts:

@@ -395,8 +395,14 @@ async def test_a_large_message_is_sent_through_the_rw_wait(pg_url, monkeypatch, 
     conn = await pg.connect(pg_url, autocommit=True)
     try:
         big = "x" * 32_000_000
-        assert await fetch(conn, "SELECT length(%s)", (big,)) == [(len(big),)]
-        assert counter.calls > 0  # the send did not fit the socket buffer: psycopg asked for RW
+        # The server sleeps through the first statement of the pipeline and reads nothing
+        # meanwhile, so the 32 MB cannot all go out at once (without it a server that reads as
+        # fast as the client writes, as on a loaded machine, took it all in one flush).
+        async with conn.pipeline():
+            await conn.execute("SELECT pg_sleep(0.3)")
+            cur = await conn.execute("SELECT length(%s)", (big,))
+        assert await cur.fetchall() == [(len(big),)]
+        assert counter.calls > 0  # the send did not fit the socket buffers: psycopg asked for RW
     finally:
         await conn.close()
 
