@@ -13,9 +13,11 @@ Many processes on many hosts share one database. The design, call by call:
   Nor, after one pass, a due job whose concurrency key is full: the claim that passes over it
   parks it out of `jobs_available` until a job of its key leaves `running` (migration 0011).
   The same round trip reports when the next scheduled job of the queue is due. A queue whose
-  claims have been plain (no key, rate or global limit) claims with a lean statement first
-  (`claim_plain`: the plain prefix of the same scan, in a third of the full statement's
-  execution time), which says in the same round trip whether the full one must run for the rest.
+  claims have been lean (no rate or global limit, nothing parked, every keyed pick started)
+  claims with a lean statement first (`claim_lean`: the prefix of the same scan whose rows
+  have no rate key and no concurrency key or one with room, the keyed ones admitted by
+  `claim_picked` under their keys' locks, in a third of the full statement's execution time
+  with no key), which says in the same round trip whether the full one must run for the rest.
   Claims and heartbeats commit with `synchronous_commit =
   off` (`PgPool.run(durable=False)`): losing the last milliseconds of them in a server crash
   only makes jobs claimable again, and they do not wait for the WAL flush. (After such a crash
@@ -425,9 +427,9 @@ class PostgresBackend:
         self._lent: dict[TrioConnection, list[Any]] = {}
         """The connections `transaction()` lent, each with the inserts to announce at its commit."""
         self._lean: dict[str, int] = {}
-        """Per queue, how the claim starts: 0, with the lean statement (`claim_plain`); more, with
+        """Per queue, how the claim starts: 0, with the lean statement (`claim_lean`); more, with
         the full one for that many more claims; absent, with the full one until a claim shows
-        the queue's jobs plain."""
+        the queue's jobs lean."""
         self._dbname: str | None = None
         """The database the pool's connections reach (known once open): `enqueue_tx` checks a
         caller's connection against it."""
@@ -804,12 +806,12 @@ class PostgresBackend:
             next_due = rate_next = None
             jobs: list[tuple[Any, ...]] = []
             if lean:
-                # The queue's claims have been plain: the lean statement first. Its last row
+                # The queue's claims have been lean: the lean statement first. Its last row
                 # says whether the full one must run for the rest of the room; if so, this
                 # queue's next `_LEAN_PAUSE` claims run the full one directly, so a keyed queue
                 # does not pay two round trips a claim.
                 need, waiting, wake = False, None, None
-                for r in await _all(conn, self._q["claim_plain"], {"now": now, "queue": queue, "limit": limit}):
+                for r in await _all(conn, self._q["claim_lean"], {"now": now, "queue": queue, "limit": limit}):
                     if r[0] is not None:
                         jobs.append(r)
                     else:
@@ -844,17 +846,18 @@ class PostgresBackend:
                     if r[0] is not None:
                         jobs.append(r)
                         continue
-                    next_due, held, taken, parked, slot, rate_ids, wake, room = r[7:15]
+                    next_due, held, taken, parked, slot, rate_ids, wake, room, rated = r[7:16]
                     # The queue is full only when `claim_picked` found no room left under its
                     # global limit (migration 0015): then nothing more may start. A pick the
                     # keys or the rates cut short is not a full queue: what they passed over,
                     # and what was parked, may hide startable jobs behind it.
                     full = room is not None and room <= 0
                     more = not full and (parked > 0 or taken < held)
-                    # Evidence that the lean statement would have done: plain jobs claimed by
-                    # one look, with no keyed pick, nothing parked or passed over for a rate.
-                    plain = plain and look == 0 and held == 0 and parked == 0 and not rate_ids and len(jobs) > 0
-                    plain = plain and (wake is None or wake > now)
+                    # Evidence that the lean statement would have done: jobs claimed by one
+                    # look, every keyed pick started, none with a rate key, nothing parked or
+                    # passed over for a rate.
+                    plain = plain and look == 0 and taken == held and rated == 0 and parked == 0
+                    plain = plain and not rate_ids and len(jobs) > 0 and (wake is None or wake > now)
                     if slot is not None and (rate_next is None or slot < rate_next):
                         rate_next = slot  # a rate key's next slot, seen under its lock (migration 0010)
                 if rate_ids:
@@ -1588,8 +1591,8 @@ passes over the keys the looks before it filled."""
 
 _LEAN_PAUSE = 100
 """Claims of a queue that run the full claim statement directly after a lean one found it
-needed (a keyed job, a due scheduled one, a rate wake time): then one plain-looking full claim
-brings the lean statement back."""
+needed (a full key, a rate key, a due scheduled job, a rate wake time): then one full claim
+that the lean statement could have made brings it back."""
 
 
 def _claim_result(jobs: list[tuple[Any, ...]], next_due: float | None, rate_next: float | None) -> ClaimResult:
@@ -1708,10 +1711,10 @@ def _claim_sql(*, limited: bool) -> str:
         "  WHERE (SELECT ids FROM hold) IS NOT NULL AND (SELECT count(*) FROM promoted) >= 0"
         "   AND (SELECT count(*) FROM parked) >= 0 AND (SELECT count(*) FROM claimed) >= 0)"
         " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, NULL::int, NULL::int, NULL::bigint,"
-        "  NULL::float8, NULL::bigint[], NULL::float8, NULL::int FROM claimed"
+        "  NULL::float8, NULL::bigint[], NULL::float8, NULL::int, NULL::int FROM claimed"
         " UNION ALL"
-        " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL"
-        "  FROM held WHERE id IS NOT NULL"
+        " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+        "  NULL FROM held WHERE id IS NOT NULL"
         " UNION ALL"
         " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
         "  (SELECT min(run_at) FROM {s}.jobs WHERE queue = %(queue)s"
@@ -1725,39 +1728,63 @@ def _claim_sql(*, limited: bool) -> str:
         "  (SELECT min(wake) FROM {s}.rate_wakes WHERE queue = %(queue)s),"
         # The room `claim_picked` left under the queue's global limit (migration 0015; NULL: not
         # called, or no global limit): 0 is a full queue, more is a pick the keys cut short.
-        "  (SELECT min(attempt) FROM held WHERE id IS NULL)"
+        "  (SELECT min(attempt) FROM held WHERE id IS NULL),"
+        # How many picked jobs have a rate key: a claim with none, whose keyed picks all
+        # started, is one the lean statement would have made (`claim`).
+        "  (SELECT count(*) FROM pick WHERE rate_key IS NOT NULL)::int"
     )
 
 
-def _claim_plain_sql() -> str:
-    """The lean claim (see the comment above `_QUERIES["claim_plain"]`)."""
+def _claim_lean_sql() -> str:
+    """The lean claim (see the comment above `_QUERIES["claim_lean"]`)."""
+    cols = "id, priority, run_at, concurrency_key, max_concurrent"
     return (
         # The queue's earliest waiting row and rate wake time: due ones are the full claim's work.
         "WITH w AS (SELECT (SELECT min(run_at) FROM {s}.jobs WHERE queue = %(queue)s"
         "   AND state IN ('scheduled', 'retryable')) AS waiting,"
         "  (SELECT min(wake) FROM {s}.rate_wakes WHERE queue = %(queue)s) AS wake),"
         # The first `limit` available rows in claim order, each with whether it and every row
-        # before it is plain (no concurrency or rate key): the plain prefix. Not read at all
-        # (a one-time filter) when the full claim has to run first.
-        " scan AS (SELECT id, bool_and(plain) OVER (ROWS UNBOUNDED PRECEDING) AS lead"
-        "  FROM (SELECT id, concurrency_key IS NULL AND rate_key IS NULL AS plain"
-        "   FROM {s}.jobs WHERE queue = %(queue)s AND state = 'available' AND NOT parked AND run_at <= %(now)s"
+        # before it is lean (no rate key, and no concurrency key or one whose key has room as
+        # this snapshot sees it): the lean prefix. Not read at all (a one-time filter) when the
+        # full claim has to run first.
+        " scan AS (SELECT " + cols + ", concurrency_key IS NULL AS plain,"
+        "  bool_and(lean) OVER (ROWS UNBOUNDED PRECEDING) AS lead"
+        "  FROM (SELECT " + cols + ","
+        "    rate_key IS NULL AND (concurrency_key IS NULL OR " + _KEY_FREE.format(t="a") + ") AS lean"
+        "   FROM {s}.jobs a WHERE queue = %(queue)s AND state = 'available' AND NOT parked AND run_at <= %(now)s"
         "   AND NOT EXISTS (SELECT 1 FROM w WHERE waiting <= %(now)s OR wake <= %(now)s)"
         "   ORDER BY " + _CLAIM_ORDER + " LIMIT %(limit)s FOR UPDATE SKIP LOCKED) o),"
         " claimed AS ("
         " UPDATE {s}.jobs SET state = 'running', attempt = attempt + 1, attempted_at = %(now)s,"
         "  heartbeat_at = %(now)s"
-        " WHERE id = ANY(ARRAY(SELECT id FROM scan WHERE lead))"
-        " RETURNING id, kind, queue, args, attempt, max_attempts, priority, run_at)"
+        " WHERE id = ANY(ARRAY(SELECT id FROM scan WHERE lead AND plain))"
+        " RETURNING id, kind, queue, args, attempt, max_attempts, priority, run_at),"
+        # The keyed rows of the prefix, in claim order, go to `claim_picked` (migration 0015),
+        # which admits them under their keys' locks (`transitions.admit`), after `claimed` is
+        # written (the one-time filter's count runs it first), as the full claim hands it its
+        # keyed picks. No rate key is among them: no rate is weighed and nothing is parked.
+        " hold AS (SELECT array_agg(id ORDER BY " + _CLAIM_ORDER + ") AS ids,"
+        "  array_agg(concurrency_key ORDER BY " + _CLAIM_ORDER + ") AS keys,"
+        "  array_agg(coalesce(max_concurrent, 1) ORDER BY " + _CLAIM_ORDER + ") AS most"
+        "  FROM scan WHERE lead AND NOT plain),"
+        " held AS (SELECT * FROM {s}.claim_picked((SELECT ids FROM hold), (SELECT keys FROM hold),"
+        "   (SELECT most FROM hold), NULL::text[], NULL::int[], NULL::float8[], %(queue)s::text,"
+        "   (%(limit)s - (SELECT count(*) FROM claimed))::int, NULL::int, %(now)s::float8)"
+        "  WHERE (SELECT ids FROM hold) IS NOT NULL AND (SELECT count(*) FROM claimed) >= 0)"
         " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at,"
         "  NULL::float8, NULL::boolean FROM claimed"
         " UNION ALL"
+        " SELECT id, kind, queue, args, attempt, max_attempts, priority, run_at, NULL, NULL"
+        "  FROM held WHERE id IS NOT NULL"
+        " UNION ALL"
         # The last row: the next waiting job's time, the earliest rate wake time, and whether
-        # the full claim must run for the rest (a due waiting row or wake time, or a keyed row
-        # in the prefix read).
+        # the full claim must run for the rest (a due waiting row or wake time, a row in the
+        # prefix read that is not lean, or a keyed one `claim_picked` did not start: a key
+        # filled by another claim, or several of one key in the prefix).
         " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, (SELECT waiting FROM w), (SELECT wake FROM w),"
         "  coalesce((SELECT waiting <= %(now)s OR wake <= %(now)s FROM w), false)"
         "   OR EXISTS (SELECT 1 FROM scan WHERE NOT lead)"
+        "   OR coalesce(cardinality((SELECT ids FROM hold)), 0) > (SELECT count(*) FROM held WHERE id IS NOT NULL)"
     )
 
 
@@ -1899,13 +1926,24 @@ _QUERIES: dict[str, sql.SQL] = {
     # Under a queue's global limit: every job picked goes to `claim_picked_parking`, which counts the
     # queue's running jobs under the queue's lock.
     "claim_limited": sql.SQL(_claim_sql(limited=True)),
-    # The lean claim of a queue whose due jobs are plain (no concurrency or rate key, no global
-    # limit): the plain prefix of the first `limit` available rows in claim order, through
-    # `jobs_available` as the full claim reads it, and none of the full claim's CTEs. It claims
-    # nothing when a scheduled or retryable job has come due (the full claim promotes it, and it
-    # may come first) or a rate wake time has come, and its last row says whether the full claim
-    # must run for the rest (those, or a keyed row behind the prefix): see `claim`.
-    "claim_plain": sql.SQL(_claim_plain_sql()),
+    # The lean claim of a queue with no global limit whose due jobs need none of the full
+    # claim's other CTEs: the lean prefix of the first `limit` available rows in claim order
+    # (rows with no rate key, and no concurrency key or one whose key has room as the
+    # statement's snapshot sees it, `_KEY_FREE`), through `jobs_available` as the full claim
+    # reads it. Its plain rows are claimed by its own update; its keyed ones go to
+    # `claim_picked`, which decides under the keys' locks in a snapshot of its own, as the full
+    # claim's keyed picks do, so the lean start can never put a key over its limit: a key
+    # that filled after the scan's snapshot, or more jobs of one key in the prefix than its
+    # room, start no more than the key's limit. It claims nothing when a scheduled or retryable job has come due (the full
+    # claim promotes it, and it may come first) or a rate wake time has come, and its last row
+    # says whether the full claim must run for the rest (those, a row behind the prefix that is
+    # not lean, or a keyed job `claim_picked` did not start): see `claim`. One difference from
+    # the full statement, by design: a claim that fills its limit reads no row behind it, where
+    # the full scan reads on to the next startable row, parking the keyed rows it passes over
+    # and reporting a rate-keyed one's next slot; those are parked (or reported) by the next
+    # claim, which a fetcher whose claim filled its room makes as soon as a slot frees. Nothing
+    # starts out of order or early (tests/backends/postgres/test_lean_claim_differential.py).
+    "claim_lean": sql.SQL(_claim_lean_sql()),
     # Jobs a claim passed over for their rate, parked under their keys' locks; and a queue's
     # rate keys whose wake time came, brought back as far as their windows admit (migration 0014).
     "rate_park": sql.SQL("SELECT {s}.rate_park(%(ids)s::bigint[], %(queue)s::text, %(now)s::float8)"),

@@ -1,4 +1,4 @@
-"""The lean claim (`claim_plain`): a queue whose claims have been plain starts each claim with
+"""The lean claim (`claim_lean`): a queue whose claims have been plain starts each claim with
 the short statement, which claims the plain prefix of the claim order and defers to the full
 claim statement whenever that one has work to do first. The claim's result must be the full
 statement's on every case: a scheduled job come due (which may outrank the available ones), a
@@ -12,7 +12,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from nursery_jobs.backends import NewJob
+from nursery_jobs.backends import NewJob, Outcome, OutcomeKind
 from nursery_jobs.backends.postgres import _LEAN_PAUSE, PostgresBackend
 from tests import pgutil
 
@@ -71,19 +71,48 @@ async def test_a_due_scheduled_job_that_outranks_the_available_ones_comes_first(
     assert await claim(backend, waits, 5) == (plain, None, 1)  # the full statement directly
 
 
-async def test_a_keyed_job_in_the_prefix_is_claimed_in_order_by_the_full_statement(backend, waits, pg_url) -> None:
+async def test_two_jobs_of_one_key_in_the_prefix_the_second_parked_by_the_full_statement(backend, waits, pg_url) -> None:
     await backend.claim("q", 1)
     backend._lean["q"] = 0
     a, k2, k, b, c = await ids(backend, [job(9), job(8, key="x"), job(7, key="x"), job(1), job(0)])
-    # The lean statement claims `a`, the plain prefix; the full one, behind it, k2 (x's best
-    # job), then, looking again behind k (x is full now), b: as one full claim does, with one
-    # round trip more.
-    assert await claim(backend, waits, 3) == ([a, k2, b], None, 3)
+    # The lean statement claims `a` and hands k2 and k (x looks free to its snapshot) to
+    # `claim_picked`, which starts k2 and refuses k (x is full now); the full statement, behind
+    # them, passes over and parks k and claims b: as one full claim does, in two round trips.
+    assert await claim(backend, waits, 3) == ([a, k2, b], None, 2)
     assert backend._lean["q"] == _LEAN_PAUSE  # the next claims run the full statement directly
     assert await claim(backend, waits, 3) == ([c], None, 1)
     with psycopg.connect(pg_url, autocommit=True) as conn:
         (parked,) = conn.execute(f'SELECT parked FROM "{backend.schema}".jobs WHERE id = %s', (k,)).fetchone()  # type: ignore[misc]
     assert parked  # passed over for its full key, by the full statement, as without the lean start
+
+
+async def test_a_keyed_queue_whose_keys_have_room_claims_lean_in_one_round_trip(backend, waits) -> None:
+    await backend.claim("q", 1)
+    first = await ids(backend, [job(key=f"k{i % 4}") for i in range(12)])
+    assert await claim(backend, waits, 4) == (first[:4], None, 1)
+    assert backend._lean["q"] == 0  # every keyed pick started, none with a rate: lean next
+    # k0..k3 are full: the lean statement finds the next row's key full and defers to the full
+    # one, which parks the eight jobs behind the full keys and looks again behind them.
+    assert await claim(backend, waits, 4) == ([], None, 3)
+    assert backend._lean["q"] == _LEAN_PAUSE
+    await backend.finish_many([Outcome(i, 1, OutcomeKind.COMPLETED) for i in first[:4]])
+    backend._lean["q"] = 0
+    # The four keys' slots freed: each key's next job, in claim order, lean and in one trip.
+    assert await claim(backend, waits, 4) == (first[4:8], None, 1)
+    assert backend._lean["q"] == 0
+
+
+async def test_a_full_key_ends_the_lean_prefix_and_its_job_is_parked(backend, waits, pg_url) -> None:
+    await backend.claim("q", 1)
+    x1, x2, p = await ids(backend, [job(5, key="x"), job(4, key="x"), job(0)])
+    assert (await claim(backend, waits, 1))[0] == [x1]
+    backend._lean["q"] = 0
+    # x is full: the lean statement's prefix stops at x2 (not lean) and claims nothing; the
+    # full statement parks x2 and claims p, and looks again behind what it parked.
+    assert await claim(backend, waits, 2) == ([p], None, 3)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        (parked,) = conn.execute(f'SELECT parked FROM "{backend.schema}".jobs WHERE id = %s', (x2,)).fetchone()  # type: ignore[misc]
+    assert parked
 
 
 async def test_the_pause_counts_full_claims_and_a_plain_one_ends_it(backend, waits) -> None:

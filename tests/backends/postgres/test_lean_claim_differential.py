@@ -1,4 +1,4 @@
-"""The lean claim against the full statement: random tables (plain, keyed, rate-keyed and scheduled jobs), each claimed once starting lean every time and once by the full statement only, must give the same jobs in the same order and the same next_due; two backends forced lean never run more than the limit of a key; a keyed job another process enqueues into a queue on the lean path is parked and then claimed in order."""
+"""The lean claim against the full statement: random tables (plain, keyed, rate-keyed and scheduled jobs), each claimed once starting lean every time and once by the full statement only, must give the same jobs in the same order, and the same next_due whenever the claim did not fill its limit; two backends forced lean never run more than the limit of a key; a keyed job another process enqueues into a queue on the lean path is parked and then claimed in order."""
 from __future__ import annotations
 
 import os
@@ -123,7 +123,7 @@ async def test_lean_result_equals_full_result(pg_url):
         for i in range(rnd.randint(0, 20)):
             r = rnd.random()
             if r < 0.2:
-                spec.append(job(rnd.randint(0, 2), key=rnd.choice("xy")))
+                spec.append(job(rnd.randint(0, 2), key=rnd.choice("xyz"), most=rnd.choice([1, 1, 2])))
             elif r < 0.3:
                 spec.append(job(rnd.randint(0, 2), rate="r"))
             elif r < 0.5:
@@ -144,8 +144,15 @@ async def test_lean_result_equals_full_result(pg_url):
                         be._lean["q"] = 0
                     else:
                         be._lean.pop("q", None)
-                    res = await be.claim("q", random.Random(trial * 100 + step).randint(1, 6))
-                    trace.append(([j.id for j in res.jobs], res.next_due))
+                    limit = random.Random(trial * 100 + step).randint(1, 6)
+                    res = await be.claim("q", limit)
+                    # A claim that filled its limit may report no next slot where the full
+                    # statement reports one: the full scan reads on past the prefix up to the
+                    # next startable row, and a rate-keyed row there is parked with its slot
+                    # reported, where the lean one reads `limit` rows and leaves it to the next
+                    # claim (which a filled claim's fetcher makes as soon as a slot frees).
+                    due = res.next_due if len(res.jobs) < limit else "filled"
+                    trace.append(([j.id for j in res.jobs], due))
                     if step % 2:
                         await be.finish_many([Outcome(j.id, j.attempt, OutcomeKind.COMPLETED) for j in res.jobs])
                     clock[0] += 2

@@ -143,7 +143,7 @@ def _statements(schema: str, running: list[int]) -> dict[str, list[Any]]:
     ids = running[:OUTCOMES]
     return {
         "claim": {"now": 1e12, "queue": "q", "limit": CLAIM_LIMIT},
-        "claim_plain": {"now": 1e12, "queue": "q", "limit": CLAIM_LIMIT},
+        "claim_lean": {"now": 1e12, "queue": "q", "limit": CLAIM_LIMIT},
         "finish": {
             "ids": _int_array(ids),
             "outcomes": _outcomes_json([Outcome(i, 1, OutcomeKind.COMPLETED) for i in ids], 1e12),
@@ -164,8 +164,9 @@ ALLOWED = {
     # Rate keys (migration 0010): the probe of a keyed row's record; and the probe of its key's
     # wake time, and the queue's earliest one (migration 0014).
     "claim": {"jobs_available", "jobs_waiting", "jobs_pkey", "jobs_running_key", "rate_keys_pkey", "rate_wakes_pkey"},
-    # The lean claim: the queue's earliest waiting row and rate wake time, then its scan.
-    "claim_plain": {"jobs_available", "jobs_waiting", "jobs_pkey", "rate_wakes_pkey"},
+    # The lean claim: the queue's earliest waiting row and rate wake time, then its scan, with
+    # the probe of a keyed row's running count.
+    "claim_lean": {"jobs_available", "jobs_waiting", "jobs_pkey", "jobs_running_key", "rate_wakes_pkey"},
     "finish": {"jobs_pkey"},
     "heartbeat": {"jobs_pkey"},
     "rescue": {"jobs_running", "jobs_running_unbeaten", "jobs_pkey"},
@@ -180,7 +181,7 @@ REQUIRED = {
     "finish": {"jobs_pkey"},
     "heartbeat": {"jobs_pkey"},
     "claim": {"jobs_available"},
-    "claim_plain": {"jobs_available"},
+    "claim_lean": {"jobs_available"},
     "delete_finished": {"jobs_finalized"},
     "count_pending": {"jobs_available", "jobs_parked_queue", "jobs_waiting"},
 }
@@ -207,7 +208,7 @@ def _check(name: str, plan: dict[str, Any], size: int, *, small_plan: bool = Fal
         if n.get("Relation Name") == "jobs" and n.get("Actual Loops", 1) > 1:
             # A scan repeated per row of another list may only be a probe by that row's key.
             assert "Index Cond" in n, f"{where}: {n['Node Type']} of jobs looped {n['Actual Loops']} times"
-    if name in ("claim", "claim_plain"):
+    if name in ("claim", "claim_lean"):
         # The available rows come off `jobs_available` in claim order, as far as the claim may
         # read (its limit, PARK_AT_ONCE more, and the row that stops the scan; the lean claim
         # its limit): never all of them, collected by a bitmap scan and sorted.
@@ -269,7 +270,7 @@ def test_the_claim_reads_its_rows_in_order_when_a_tenth_of_the_table_is_availabl
         args = _statements(t.schema, [1])["claim"]
 
         def check() -> None:
-            for name in ("claim", "claim_plain"):
+            for name in ("claim", "claim_lean"):
                 _check(name, explain_generic(t.conn, name, t.schema, args), 110_000)
 
         check()
@@ -371,11 +372,11 @@ def test_a_plan_made_when_the_table_was_small_still_holds_when_it_grows(pg_url: 
     small table whole, nor joined a list against it. (The failure this guards: the claim, planned
     on an analyzed empty table, joined the picked ids against a full scan of the primary key,
     ~0.3 s per claim of 100 once 10,000 jobs were waiting.)"""
-    cached = CachedPlans(pg_url, small_rows, ["claim", "claim_plain"])
+    cached = CachedPlans(pg_url, small_rows, ["claim", "claim_lean"])
     try:
         cached.table.grow(200_000)  # no analyze: the statistics still describe the small table
         running = cached.table.start_running(RUNNING)
-        for name in ("claim", "claim_plain"):
+        for name in ("claim", "claim_lean"):
             _check(name, cached.explain(name, _statements(cached.table.schema, running)[name]), 200_000)
     finally:
         cached.conn.close()
@@ -496,9 +497,9 @@ def test_the_claim_with_concurrency_keys_keeps_its_plan(pg_url: str, size: int) 
 
 @pytest.mark.parametrize("size", SIZES)
 def test_the_lean_claim_keeps_its_plan_on_skewed_states(pg_url: str, size: int) -> None:
-    """The lean claim (`claim_plain`) on tables whose pending rows are skewed, analyzed: 90 % of
+    """The lean claim (`claim_lean`) on tables whose pending rows are skewed, analyzed: 90 % of
     them scheduled for later (jobs_waiting large, none due), a few rate wake times of the
-    queue, and a keyed row at the head of the available ones. It must read the queue's
+    queue, and a row whose key is full at the head of the available ones. It must read the queue's
     earliest waiting row and wake time by their indexes, the available rows off
     `jobs_available` in order, at most its limit of them, and claim nothing past the keyed row;
     and with a waiting row come due, read no available row at all (the full claim's work)."""
@@ -520,15 +521,21 @@ def test_the_lean_claim_keeps_its_plan_on_skewed_states(pg_url: str, size: int) 
                     " (SELECT id FROM {0}.jobs WHERE state = 'available' ORDER BY priority DESC, run_at, id OFFSET 5 LIMIT 1)"
                     " RETURNING id").format(s)  # fmt: skip
         ).fetchone()  # type: ignore[misc]
+        # ... whose key is full (a job of it running): the lean prefix ends there.
+        skewed.conn.execute(
+            sql.SQL("INSERT INTO {}.jobs (kind, queue, args, state, max_attempts, priority, run_at, created_at,"
+                    " attempted_at, heartbeat_at, attempt, concurrency_key, max_concurrent)"
+                    " VALUES ('noop', 'q', '{{}}', 'running', 25, 0, 0, 0, 1, 1, 1, 'k', 1)").format(s)  # fmt: skip
+        )
         skewed.analyze()
         args = {"now": 1e12, "queue": "q", "limit": CLAIM_LIMIT}
-        plan = explain_generic(skewed.conn, "claim_plain", skewed.schema, args)
-        _check("claim_plain", plan, max(size, 100_000))
+        plan = explain_generic(skewed.conn, "claim_lean", skewed.schema, args)
+        _check("claim_lean", plan, max(size, 100_000))
         (update,) = [n for n in _walk(plan["Plan"]) if n.get("Node Type") == "ModifyTable"]
         assert update["Actual Rows"] == 5, f"claimed {update['Actual Rows']} rows, not the 5 before the keyed row {head}"
         due = dict(args, now=1e12 + size)  # every scheduled row due
-        nodes = list(_walk(explain_generic(skewed.conn, "claim_plain", skewed.schema, due)["Plan"]))
+        nodes = list(_walk(explain_generic(skewed.conn, "claim_lean", skewed.schema, due)["Plan"]))
         assert [n["Actual Rows"] for n in nodes if n.get("Index Name") == "jobs_available"] in ([], [0]), nodes
-        assert {n["Index Name"] for n in nodes if "Index Name" in n} <= ALLOWED["claim_plain"]
+        assert {n["Index Name"] for n in nodes if "Index Name" in n} <= ALLOWED["claim_lean"]
     finally:
         skewed.conn.close()
