@@ -909,6 +909,9 @@ class PostgresBackend:
         events: list[BackendEvent] = []
         wakes: dict[JobsAvailable, None] = {}
         for job_id, queue, state, run_at, message, key in rows:
+            if job_id is None:
+                wakes[JobsAvailable(queue)] = None  # a queue a freed slot let a job back into
+                continue
             st = _STATES[state]
             if st.final:
                 events.append(_tuple_new(JobFinalized, (job_id, st, message)))
@@ -954,7 +957,7 @@ class PostgresBackend:
         else:
             self._emit([JobFinalized(job_id, JobState.CANCELLED, message)])
             if unparked:
-                self._emit([JobsAvailable(queue)])  # its key's next job took its place
+                self._emit([JobsAvailable(queue)])  # its key's next job took its place, in that job's queue
         return state
 
     async def heartbeat(self, running: Sequence[tuple[int, int]]) -> HeartbeatResult:
@@ -984,7 +987,7 @@ class PostgresBackend:
         finalized: list[int] = []
         queues: set[str] = set()
         for job_id, queue, state, message, key in rows:
-            if state == "available":
+            if job_id is None or state == "available":  # (no id: a queue a freed slot let a job back into)
                 queues.add(queue)
                 events.append(JobsAvailable(queue))
             else:
@@ -1014,7 +1017,7 @@ class PostgresBackend:
         if repaired:
             await self._notify([], repaired, "f")
             self._emit([JobsAvailable(queue) for queue in repaired])
-        return sorted(r[0] for r in rows)
+        return sorted(r[0] for r in rows if r[0] is not None)
 
     async def delete_finished(self, before: Mapping[JobState, float], limit: int) -> int:
         q = self._q["delete_finished"]
@@ -1617,14 +1620,16 @@ scan passes over the others and parks them (a hint, read without the key's lock:
 `claim_picked_parking` decides what starts, and the park takes its own locks)."""
 
 _UNPARK_FREED = (
-    " freed AS (SELECT {s}.unpark_keys(array_agg(concurrency_key), array_agg(n)) AS n"
+    " freed AS (SELECT q.queue FROM (SELECT array_agg(concurrency_key) AS ks, array_agg(n) AS ns"
     "  FROM (SELECT concurrency_key, count(*)::int AS n FROM upd WHERE concurrency_key IS NOT NULL"
-    "   GROUP BY concurrency_key) f HAVING count(*) > 0)"
+    "   GROUP BY concurrency_key) f HAVING count(*) > 0) a, LATERAL {s}.unpark_keys_queues(a.ks, a.ns) AS q(queue))"
 )
 """For the rows `upd` moved out of `running` (each freed its key's slot): each key's best
-parked jobs, one per freed slot, go back into claim order (migration 0011, `unpark_keys`),
-after every row of `upd` is written and so in a snapshot that sees any claim that parked a job
-while holding one of those rows."""
+parked jobs, one per freed slot, go back into claim order (migration 0011; 0017's
+`unpark_keys_queues`), after every row of `upd` is written (the aggregate reads them all before
+the call) and so in a snapshot that sees any claim that parked a job while holding one of
+those rows. One row per job brought back, with its queue: a key is not scoped to a queue, so
+the statement wakes those queues too, not only the freeing jobs' own."""
 
 _RATE_FREE = (
     "NOT EXISTS (SELECT 1 FROM {{s}}.rate_keys k WHERE k.key = {t}.rate_key"
@@ -1989,16 +1994,19 @@ _QUERIES: dict[str, sql.SQL] = {
         # NOTIFY per queue with jobs available again (a keyed job's end frees its key's slot),
         # and the finalized ids in payloads of at most 400 ids (NOTIFY payloads are limited to
         # 8000 bytes).
-        " ready AS (SELECT count(*) AS n FROM (SELECT DISTINCT queue FROM upd"
-        "  WHERE state = 'available' OR concurrency_key IS NOT NULL) a,"
+        " ready AS (SELECT count(*) AS n FROM (SELECT queue FROM upd"
+        "  WHERE state = 'available' OR concurrency_key IS NOT NULL UNION SELECT queue FROM freed) a,"
         "  LATERAL (SELECT pg_notify(%(jobs_channel)s, a.queue)) x),"
         " done AS (SELECT count(*) AS n FROM (SELECT string_agg(id::text, ',') AS ids FROM"
         "  (SELECT id, (row_number() OVER (ORDER BY id) - 1) / 400 AS g FROM upd"
         "   WHERE state IN ('completed', 'discarded', 'cancelled')) f GROUP BY g) b,"
         "  LATERAL (SELECT pg_notify(%(events_channel)s, 'f:' || b.ids)) x)"
         # (The two counts are one-time filters: they make both NOTIFY sets run, once.)
+        # Then one row with no id per queue a freed slot let a job back into.
         " SELECT id, queue, state, run_at, message, concurrency_key FROM upd"
-        " WHERE (SELECT n FROM ready) >= 0 AND (SELECT n FROM done) >= 0 AND coalesce((SELECT n FROM freed), 0) >= 0"
+        " WHERE (SELECT n FROM ready) >= 0 AND (SELECT n FROM done) >= 0"
+        " UNION ALL SELECT NULL::bigint, f.queue, NULL::text, NULL::float8, NULL::text, NULL::text"
+        "  FROM (SELECT DISTINCT queue FROM freed) f"
     ),
     "cancel": sql.SQL(
         # on_cancel (transitions): a final job is left alone, a running one gets its request
@@ -2019,12 +2027,14 @@ _QUERIES: dict[str, sql.SQL] = {
         " n AS (SELECT pg_notify(%(channel)s, CASE WHEN upd.state = 'running' THEN 'c:' ELSE 'f:' END || upd.id)"
         "  FROM upd),"
         # A cancelled unparked job of a key may be the one a freed slot brought back: the key's
-        # best parked job takes its place (migration 0011), and the queue is told.
-        " freed AS (SELECT pg_notify(%(jobs_channel)s, cur.queue) FROM cur JOIN upd ON upd.id = cur.id"
-        "  WHERE cur.state = 'available' AND NOT cur.parked AND cur.concurrency_key IS NOT NULL"
-        "   AND {s}.unpark_keys(ARRAY[cur.concurrency_key], ARRAY[1]) > 0)"
+        # best parked job takes its place (migration 0011), and its queue is told (0017: it may
+        # be another queue's). OFFSET 0: the job is filtered before the call, never after.
+        " freed AS (SELECT u.queue, pg_notify(%(jobs_channel)s, u.queue) FROM (SELECT cur.concurrency_key"
+        "  FROM cur JOIN upd ON upd.id = cur.id"
+        "  WHERE cur.state = 'available' AND NOT cur.parked AND cur.concurrency_key IS NOT NULL OFFSET 0) c,"
+        "  LATERAL {s}.unpark_keys_queues(ARRAY[c.concurrency_key], ARRAY[1]) AS u(queue))"
         " SELECT cur.state, coalesce(upd.state, cur.state), upd.message, (SELECT count(*) FROM n), upd.id IS NOT NULL,"
-        "  (SELECT count(*) FROM freed), cur.queue"
+        "  (SELECT count(*) FROM freed), coalesce((SELECT min(queue) FROM freed), cur.queue)"
         " FROM cur LEFT JOIN upd ON upd.id = cur.id"
     ),
     # The outcome statement's shape (see there): rows by primary key, the attempt fenced by
@@ -2062,7 +2072,9 @@ _QUERIES: dict[str, sql.SQL] = {
         " WHERE j.id = ANY(ARRAY(SELECT id FROM stale))"
         " RETURNING j.id, j.queue, j.state, j.errors -> -1 ->> 'message' AS message, j.concurrency_key),"
         + _UNPARK_FREED
-        + " SELECT id, queue, state, message, concurrency_key FROM upd WHERE coalesce((SELECT n FROM freed), 0) >= 0"
+        + " SELECT id, queue, state, message, concurrency_key FROM upd WHERE (SELECT count(*) FROM freed) >= 0"
+        # Then one row with no id per queue a freed slot let a job back into.
+        " UNION ALL SELECT NULL::bigint, f.queue, NULL::text, NULL::text, NULL::text FROM (SELECT DISTINCT queue FROM freed) f"
     ),
     # Keys the rescuer's pass finds parked with a free slot (migration 0011): a repair that is
     # normally a no-op.

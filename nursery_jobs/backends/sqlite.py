@@ -262,27 +262,29 @@ def _passed_over(
     return out
 
 
-def _unpark(conn: sqlite3.Connection, keys: Sequence[Any]) -> int:
+def _unpark(conn: sqlite3.Connection, keys: Sequence[Any]) -> list[JobsAvailable]:
     """Bring back into claim order the best parked job of its key once per entry of `keys`
     (`transitions.unparks`): the job is claimable again, in the transaction that freed its
-    place. Returns how many came back."""
-    back = 0
+    place. Returns the wake-up of each queue a job came back to: a key is not scoped to a
+    queue, so the job a slot lets back may be another queue's than the one that freed it."""
+    queues: dict[str, None] = {}
     for key, n in collections.Counter(keys).items():
-        # One job (the usual case) by `id = (...)`: `id IN (...)` fills a temporary b-tree
-        # with the subquery's ids, one per statement.
-        back += conn.execute(
-            _UNPARK_ONE if n == 1 else _UNPARK_SOME, (key,) if n == 1 else (key, n)
-        ).rowcount
-    return back
+        # The jobs first, then each by `id = ?`: `id IN (...)` fills a temporary b-tree with
+        # the subquery's ids, and `RETURNING` one with the rows it returns, per statement (the
+        # write lock is held: nothing changes between the two).
+        back = conn.execute(_BEST_PARKED + " LIMIT ?2", (key, n)).fetchall()
+        conn.executemany("UPDATE nj_jobs SET parked = 0 WHERE id = ?", [(job_id,) for job_id, _ in back])
+        for _, queue in back:
+            queues[str(queue)] = None
+    return [JobsAvailable(q) for q in queues]
 
 
 _BEST_PARKED = (
-    "SELECT id FROM nj_jobs WHERE concurrency_key = ?1 AND state = 'available' AND parked = 1 AND rate_wait = 0"
+    "SELECT id, queue FROM nj_jobs WHERE concurrency_key = ?1 AND state = 'available' AND parked = 1 AND rate_wait = 0"
     " ORDER BY priority DESC, run_at, id"
 )
-"""A key's parked jobs that wait for its slot (not for a rate), best first (`nj_jobs_parked`)."""
-_UNPARK_ONE = f"UPDATE nj_jobs SET parked = 0 WHERE id = ({_BEST_PARKED} LIMIT 1)"
-_UNPARK_SOME = f"UPDATE nj_jobs SET parked = 0 WHERE id IN ({_BEST_PARKED} LIMIT ?2)"
+"""A key's parked jobs that wait for its slot (not for a rate), best first (`nj_jobs_parked`),
+with their queues."""
 _HAS_PARKED = (
     "CASE WHEN concurrency_key IS NULL THEN 0 ELSE EXISTS (SELECT 1 FROM nj_jobs p WHERE p.concurrency_key"
     " = nj_jobs.concurrency_key AND p.state = 'available' AND p.parked = 1 AND p.rate_wait = 0) END"
@@ -443,11 +445,14 @@ def _rate_wake_release(conn: sqlite3.Connection, queue: str, now: float, starts:
     return back
 
 
-def _rate_park(conn: sqlite3.Connection, queue: str, refused: Sequence[tuple[int, str, float, str | None]]) -> None:
+def _rate_park(
+    conn: sqlite3.Connection, queue: str, refused: Sequence[tuple[int, str, float, str | None]]
+) -> list[JobsAvailable]:
     """Park the jobs a claim refused for their rate alone, (id, rate key, its next slot, its
     concurrency key), and keep each key's wake time in `queue` at the earliest of those slots.
     A job with a concurrency key may have been the one its key's freed slot brought back: that
-    key's best parked job takes its place (as `unparks` says of a cancelled one)."""
+    key's best parked job takes its place (as `unparks` says of a cancelled one). Returns the
+    wake-ups of the queues such jobs came back to."""
     conn.executemany(
         "UPDATE nj_jobs SET state = 'available', parked = 1, rate_wait = 1 WHERE id = ?", [(r[0],) for r in refused]
     )
@@ -459,7 +464,7 @@ def _rate_park(conn: sqlite3.Connection, queue: str, refused: Sequence[tuple[int
         " DO UPDATE SET wake = min(wake, ?3)",
         [(queue, key, wake) for key, wake in wakes.items()],
     )
-    _unpark(conn, [r[3] for r in refused if r[3] is not None])
+    return _unpark(conn, [r[3] for r in refused if r[3] is not None])
 
 
 def parse_sqlite_url(url: str) -> tuple[str, str, bool]:
@@ -1176,7 +1181,7 @@ class SqliteBackend:
                         sized[rate[0]] = max(most, rate[1]), max(longest, rate[2])
             if sized:  # the records of the keys it weighed or parked jobs of, sized for them
                 _record_starts(conn, starts, sized, verdict.rate_started, now)
-            _rate_park(conn, queue, refused)
+            woken = _rate_park(conn, queue, refused)
             rate_next = min((r[2] for r in refused), default=None)
             ids = [seen[i][0] for i in picked]
             passed = [(seen[i][0],) for i in over_key]
@@ -1208,7 +1213,7 @@ class SqliteBackend:
                 if slot is not None and (next_due is None or slot < next_due):
                     next_due = slot  # a rate key's next slot: a job it parked may start then
             claimed.sort(key=lambda c: (-c[0].priority, c[1] if isinstance(c[1], (int, float)) else 0.0, c[0].id))
-            return ClaimResult([c[0] for c in claimed], next_due), events
+            return ClaimResult([c[0] for c in claimed], next_due), events + woken
 
         if limit <= 0:
             return ClaimResult([], None)
@@ -1342,7 +1347,7 @@ class SqliteBackend:
                     " parked = 0 WHERE id = ?",
                     again,
                 )
-            _unpark(conn, freed)
+            events += _unpark(conn, freed)
             return events
 
         events: list[BackendEvent] = await self._call(self._tx, body)
@@ -1369,8 +1374,8 @@ class SqliteBackend:
             conn.execute("UPDATE nj_jobs SET state = 'cancelled', finalized_at = ?, parked = 0 WHERE id = ?", (now, job_id))
             errors, _ = read_errors(row[1])
             events: list[BackendEvent] = [JobFinalized(job_id, JobState.CANCELLED, errors[-1]["message"] if errors else None)]
-            if row[2] is not None and _unpark(conn, [row[2]] * unparks(state, JobState.CANCELLED, parked=bool(row[3]))):
-                events.append(JobsAvailable(str(row[4])))  # its key's next job took its place
+            if row[2] is not None:  # its key's next job may take its place
+                events += _unpark(conn, [row[2]] * unparks(state, JobState.CANCELLED, parked=bool(row[3])))
             return JobState.CANCELLED, events
 
         state, events = await self._call(self._tx, body)
@@ -1452,7 +1457,7 @@ class SqliteBackend:
                         (nxt.state.value, nxt.run_at, json.dumps(errors), nxt.failed, job_id),
                     )
                     events.append(JobsAvailable(queue))
-            _unpark(conn, freed)
+            events += _unpark(conn, freed)
             events += [JobsAvailable(q) for q in _repair_parked(conn, now)]
             return [r[0] for r in rows], events
 

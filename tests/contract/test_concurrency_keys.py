@@ -9,6 +9,7 @@ import pytest
 import trio
 
 import nursery_jobs as nj
+from nursery_jobs import JobState
 from nursery_jobs.backends import JobsAvailable, NewJob, Outcome, OutcomeKind
 
 from .common import Q, listen, new, opened
@@ -153,12 +154,11 @@ async def test_a_rescue_frees_the_slot_of_a_crashed_worker(make_backend, autojum
     assert after == [b] and JobsAvailable(Q) in events
 
 
-async def test_a_freed_slot_wakes_the_queue_of_the_job_it_lets_back(make_backend, backend_name, autojump_clock) -> None:
+async def test_a_freed_slot_wakes_the_queue_of_the_job_it_lets_back(make_backend, autojump_clock) -> None:
     """Keys are not scoped to a queue: a slot freed by a job of one queue lets the key's parked
     job of another queue back in line, and the wake-up goes to that queue (its fetcher, whose
-    claim came back short, sleeps until then; on memory, which never polls, for ever)."""
-    if backend_name != "memory":
-        pytest.skip(f"{backend_name} wakes the freeing job's queue only (its fetchers poll): a known gap, issue 11")
+    claim came back short, sleeps until then: on memory, which never polls, for ever; on the
+    durable backends until their poll, 1 s)."""
     async with opened(make_backend) as backend:
         await backend.insert_many([keyed("k")])
         (b,) = await backend.insert_many([keyed("k")._replace(queue="other")])
@@ -168,6 +168,65 @@ async def test_a_freed_slot_wakes_the_queue_of_the_job_it_lets_back(make_backend
         await backend.finish_many([Outcome(job.id, job.attempt, OutcomeKind.COMPLETED)])
         after = [j.id for j in (await backend.claim("other", 10)).jobs]
     assert after == [b.id] and JobsAvailable("other") in events
+
+
+async def test_a_cancel_that_frees_a_brought_back_place_wakes_the_queue_of_the_next_job(make_backend, autojump_clock) -> None:
+    """A job a freed slot let back (unparked, not yet claimed) that is cancelled gives its place
+    to its key's next parked job, whose queue (here a third one) is the one woken."""
+    async with opened(make_backend) as backend:
+        await backend.insert_many([keyed("k")])
+        (b,) = await backend.insert_many([keyed("k")._replace(queue="other")])
+        (c,) = await backend.insert_many([keyed("k")._replace(queue="third")])
+        (job,) = (await backend.claim(Q, 10)).jobs
+        assert (await backend.claim("other", 10)).jobs == [] and (await backend.claim("third", 10)).jobs == []
+        await backend.finish_many([Outcome(job.id, job.attempt, OutcomeKind.COMPLETED)])  # lets b back
+        events = listen(backend)
+        assert await backend.cancel(b.id) is JobState.CANCELLED
+        after = [j.id for j in (await backend.claim("third", 10)).jobs]
+    assert after == [c.id] and JobsAvailable("third") in events
+
+
+async def test_a_rescue_that_frees_a_slot_wakes_the_queue_of_the_job_it_lets_back(make_backend, autojump_clock) -> None:
+    async with opened(make_backend) as backend:
+        await backend.insert_many([keyed("k")])
+        (b,) = await backend.insert_many([keyed("k")._replace(queue="other")])
+        assert len((await backend.claim(Q, 10)).jobs) == 1  # a worker that then dies without a word
+        assert (await backend.claim("other", 10)).jobs == []
+        await trio.sleep(100)
+        events = listen(backend)
+        await backend.rescue(backend.now() - 10)
+        after = [j.id for j in (await backend.claim("other", 10)).jobs]
+    assert after == [b.id] and JobsAvailable("other") in events
+
+
+async def test_a_freed_slot_wakes_another_instance_serving_the_queue_of_the_job_it_lets_back(store, autojump_clock) -> None:
+    """As two processes: the one that finishes a job of `Q` wakes the other, which serves only
+    the queue the key's parked job is in, without waiting for its poll."""
+    writer, reader = store.open(), store.open()
+    await writer.open()
+    await reader.open()
+    try:
+        await writer.insert_many([keyed("k")])
+        (b,) = await writer.insert_many([keyed("k")._replace(queue="other")])
+        (job,) = (await writer.claim(Q, 10)).jobs
+        assert (await reader.claim("other", 10)).jobs == []  # the key is full: parked
+        heard = trio.Event()
+
+        def on_event(event: object) -> None:
+            if event == JobsAvailable("other"):
+                heard.set()
+
+        reader.add_listener(on_event)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(reader.serve)
+            await writer.finish_many([Outcome(job.id, job.attempt, OutcomeKind.COMPLETED)])
+            with trio.fail_after(30):  # no fetcher polls here: only the writer's wake-up can come
+                await heard.wait()
+            nursery.cancel_scope.cancel()
+        assert [j.id for j in (await reader.claim("other", 10)).jobs] == [b.id]
+    finally:
+        await writer.close()
+        await reader.close()
 
 
 async def test_max_running_bounds_the_queue_whatever_the_limit_asked(make_backend, autojump_clock) -> None:
