@@ -1202,7 +1202,7 @@ class SqliteBackend:
                 if isinstance(read, ClaimedJob):
                     claimed.append((read, r[7]))
                 else:  # a row written by something else, with a column that cannot be read
-                    events.append(self._set_aside(conn, r[0], read, now))
+                    events += self._set_aside(conn, r[0], read, now)
             if events or ((passed or refused) and len(rows) < limit):
                 # rows set aside took places in this claim, or jobs may wait behind the ones it
                 # parked: the queue may hold more
@@ -1241,13 +1241,14 @@ class SqliteBackend:
             if not bad:  # pragma: no cover - MIN found it, so the scan does
                 return None
             for job_id, run_at in bad:
-                events.append(self._set_aside(conn, job_id, [Damage("run_at", run_at, "a number of seconds")], now))
+                events += self._set_aside(conn, job_id, [Damage("run_at", run_at, "a number of seconds")], now)
 
-    def _set_aside(self, conn: sqlite3.Connection, job_id: int, damage: list[Damage], now: float) -> BackendEvent:
+    def _set_aside(self, conn: sqlite3.Connection, job_id: int, damage: list[Damage], now: float) -> list[BackendEvent]:
         """Discard a row the runtime cannot read, in the caller's transaction: its unreadable
         columns are reset so that it can be read from now on, and an error names what was found
         (see `backends.rows`). A keyed row that held a slot (one the claim had just started) brings
-        back its key's best parked job (`transitions.unparks`), as any job leaving `running` does."""
+        back its key's best parked job (`transitions.unparks`), as any job leaving `running` does.
+        Returns its JobFinalized, then the wake-up of each queue a job came back to."""
         found = conn.execute("SELECT errors, state, concurrency_key, parked FROM nj_jobs WHERE id = ?", (job_id,)).fetchone()
         entries, _ = read_errors(found[0] if found else None)
         message = set_aside_message(damage)
@@ -1267,8 +1268,9 @@ class SqliteBackend:
             (now, json.dumps(entries), job_id),
         )
         before = STATES.get(found[1]) if found and isinstance(found[1], str) else None
+        woken: list[BackendEvent] = []
         if before is not None and found[2] is not None:
-            _unpark(conn, [found[2]] * unparks(before, JobState.DISCARDED, parked=bool(found[3])))
+            woken += _unpark(conn, [found[2]] * unparks(before, JobState.DISCARDED, parked=bool(found[3])))
         log.warning(
             "SQLite %r: job %d set aside (discarded), its row could not be read: %s",
             self.path,
@@ -1276,7 +1278,7 @@ class SqliteBackend:
             "; ".join(d.describe() for d in damage),
             extra={"event": "row_set_aside", "job_id": job_id, "backend": self.url},
         )
-        return JobFinalized(job_id, JobState.DISCARDED, message)
+        return [JobFinalized(job_id, JobState.DISCARDED, message), *woken]
 
     async def finish_many(self, outcomes: Sequence[Outcome]) -> None:
         now = self.now()
@@ -1364,7 +1366,7 @@ class SqliteBackend:
                 raise JobNotFound(f"no job with id {job_id} in {self.url}")
             state = STATES.get(row[0]) if isinstance(row[0], str) else None
             if state is None:
-                return JobState.DISCARDED, [self._set_aside(conn, job_id, [Damage("state", row[0], "a job state")], now)]
+                return JobState.DISCARDED, self._set_aside(conn, job_id, [Damage("state", row[0], "a job state")], now)
             action = on_cancel(state)
             if action is CancelAction.NONE:
                 return state, []
@@ -1430,7 +1432,7 @@ class SqliteBackend:
                         )
                         if not ok
                     ]
-                    events.append(self._set_aside(conn, job_id, damage, now))
+                    events += self._set_aside(conn, job_id, damage, now)
                     continue
                 message = rescue_message(beat)
                 errors, _ = read_errors(errors_json)
@@ -1518,7 +1520,7 @@ class SqliteBackend:
 
         def body(conn: sqlite3.Connection) -> list[BackendEvent]:
             if pending and set_aside:
-                return [self._set_aside(conn, job_id, set_aside, now)]
+                return self._set_aside(conn, job_id, set_aside, now)
             if any(d.column == "errors" for d in damage):
                 (raw,) = conn.execute("SELECT errors FROM nj_jobs WHERE id = ?", (job_id,)).fetchone() or (None,)
                 entries, found = read_errors(raw)
@@ -1552,7 +1554,7 @@ class SqliteBackend:
                     + ", ".join(f"'{s}'" for s in STATES)
                     + ") OR typeof(state) != 'text'"
                 ).fetchall()
-                return [self._set_aside(conn, i, [Damage("state", st, "a job state")], now) for i, st in bad]
+                return [e for i, st in bad for e in self._set_aside(conn, i, [Damage("state", st, "a job state")], now)]
 
             self._emit(await self._call(self._tx, set_aside))
             rows = await self._call(body)

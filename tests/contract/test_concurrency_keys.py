@@ -229,6 +229,38 @@ async def test_a_freed_slot_wakes_another_instance_serving_the_queue_of_the_job_
         await reader.close()
 
 
+async def test_a_job_parked_for_its_rate_hands_its_slot_on_and_wakes_the_next_jobs_queue(make_backend, autojump_clock) -> None:
+    """C (key k, rate r) is the job a freed slot let back; the claim that finds r spent parks
+    C for its rate, so k's place goes to its next parked job, B, of another queue: that queue
+    is woken (on PostgreSQL from inside the claim, by a notification the process itself acts
+    on, so the test serves the backend)."""
+    async with opened(make_backend) as backend:
+        rated = {"rate_key": "r", "rate_limit": 1, "rate_per": 100.0}
+        await backend.insert_many([keyed(None)._replace(**rated)])
+        assert len(await ids_of(backend, 10)) == 1  # r is spent for 100 s
+        (a,) = await backend.insert_many([keyed("k")])
+        assert await ids_of(backend, 10) == [a.id]
+        (c,) = await backend.insert_many([keyed("k")._replace(**rated)])
+        (b,) = await backend.insert_many([keyed("k")._replace(queue="other")])
+        assert await ids_of(backend, 10) == [] and (await backend.claim("other", 10)).jobs == []  # both parked
+        heard = trio.Event()
+
+        def on_event(event: object) -> None:
+            if event == JobsAvailable("other"):
+                heard.set()
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(backend.serve)
+            await backend.finish_many([Outcome(a.id, 1, OutcomeKind.COMPLETED)])  # lets c back
+            backend.add_listener(on_event)
+            assert await ids_of(backend, 10) == []  # c is over its rate: parked for it, b let back
+            with trio.fail_after(30):  # no fetcher polls here
+                await heard.wait()
+            nursery.cancel_scope.cancel()
+        assert [j.id for j in (await backend.claim("other", 10)).jobs] == [b.id]
+        assert c.id not in [j.id for j in (await backend.claim(Q, 10)).jobs]
+
+
 async def test_max_running_bounds_the_queue_whatever_the_limit_asked(make_backend, autojump_clock) -> None:
     async with opened(make_backend) as backend:
         ids = [r.id for r in await backend.insert_many([keyed(None) for _ in range(4)] + [keyed("k")])]
