@@ -40,7 +40,7 @@ Many processes on many hosts share one database. The design, call by call:
   runtimes have no queue workers listens on `<schema>_events` only, and a process drops the
   echo of its own notifications (their events were emitted in-process already), but for a
   wake-up marked '!', which a statement sends from inside a claim that cannot report it
-  (migration 0017's `rate_park`).
+  (migration 0017's `unpark_keys`, which `rate_park` calls).
 - **No transaction is held across user code or network I/O**: every call here is a single
   autocommit statement (or a short transaction with no I/O but the database's) on a pooled
   connection that is returned at once. The connections are `infra.pg.TrioConnection`s: psycopg
@@ -644,7 +644,8 @@ class PostgresBackend:
     def _on_notify(self, channel: str, payload: str, sender_pid: int) -> None:
         if channel == self._jobs_channel and payload.startswith("!"):
             # A wake-up from inside a statement that could not report it to its caller
-            # (migration 0017's `rate_park`): acted on in every process, the writer's too.
+            # (migration 0017's `unpark_keys`, from `rate_park`): acted on in every process,
+            # the writer's too.
             self._emit([JobsAvailable(payload[1:])])
             return
         pool = self._pool
