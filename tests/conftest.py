@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +15,7 @@ from tests import pg_cluster, pgutil
 pytest_plugins = ["tests.timeouts", "nursery_jobs.pytest_plugin"]
 
 _AS_CTRL_C = (signal.SIGTERM, signal.SIGHUP)
+_RUN_DIR = pytest.StashKey[Path]()
 
 # xdist workers for `-n auto` (pyproject.toml's addopts). The suite mostly waits -- on
 # PostgreSQL, on worker and pytest subprocesses, on private clusters -- so more workers than the
@@ -83,6 +87,26 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     for sig in _AS_CTRL_C:
         if signal.getsignal(sig) is _as_ctrl_c:
             signal.signal(sig, signal.SIG_DFL)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The run's controller (xdist's, or the only process) gives its processes a directory to
+    leave their pids in when they make a database (tests/pgutil.py, RUN_DIR); workers inherit it."""
+    if not hasattr(config, "workerinput"):
+        run_dir = tempfile.mkdtemp(prefix="nj_test_run_")
+        os.environ[pgutil.RUN_DIR] = run_dir
+        config.stash[_RUN_DIR] = Path(run_dir)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """In the controller, once xdist has brought its workers down (in its sessionfinish, which
+    runs before this): drop what a worker killed before the end of its teardown left."""
+    run_dir = config.stash.get(_RUN_DIR, None)
+    if run_dir is not None:
+        try:
+            pgutil.drop_of_gone_workers(run_dir)
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,9 @@ The suite touches only what it made. Its databases are named `nj_test_<pid>` (an
 `nj_test_<pid>_docs`) and carry an owner tag as their comment: the boot and PID namespace of the
 host that made them, the pid, and that process's start time. The session's database is dropped
 when the session ends, whether it passed, failed or was interrupted (Ctrl-C, and SIGTERM and
-SIGHUP, which tests/conftest.py turns into Ctrl-C). Only a SIGKILL can leave one behind, so each
+SIGHUP, which tests/conftest.py turns into Ctrl-C); a parallel run's controller also drops, once its
+workers are down, the databases of those xdist killed mid-teardown (`drop_of_gone_workers`). Only a
+SIGKILL of the run can leave one behind, so each
 session first drops the leftovers that are certainly of a run that is gone (`drop_leftovers`):
 the tag names this boot and PID namespace, and that pid is no longer the process that made it
 (gone, or reused by another process). A database tagged by another host or container is left
@@ -162,9 +164,16 @@ def unreachable(reason: str) -> None:
     pytest.skip(f"PostgreSQL not reachable: {reason}")
 
 
+RUN_DIR = "NJ_TEST_RUN_DIR"
+"""Set by a run's controller (tests/conftest.py) to a directory where each of its processes that
+makes a database first leaves its pid, so the controller can drop what a killed worker left."""
+
+
 def create_database(suffix: str = "") -> str:
     """A new empty database of this process, tagged as ours; returns its URL."""
     name = f"nj_test_{os.getpid()}{suffix}"
+    if os.environ.get(RUN_DIR):
+        (Path(os.environ[RUN_DIR]) / str(os.getpid())).touch()
     try:
         with admin_connect() as conn:
             # The name holds our pid: a database of that name is of a run that is gone.
@@ -230,6 +239,30 @@ def _drop_leftovers() -> list[str]:
         except psycopg.errors.ObjectInUse:
             continue
         dropped.append(name)
+    return dropped
+
+
+def drop_of_gone_workers(run_dir: Path) -> list[str]:
+    """Drop the databases of the processes that left their pid in `run_dir` (`RUN_DIR`) and are
+    gone; return their names.
+
+    A worker drops its own database when its session ends, but a run stopped by a signal gives
+    its workers only seconds for that (xdist's controller kills a worker still running 10 s after
+    asking it to stop, and the worker interrupts itself only after 5), so on a loaded machine one
+    can be killed mid-teardown. The controller calls this once its workers are down: what it finds
+    then is certainly a leftover of its own run, dropped now rather than by a later sweep."""
+    dropped: list[str] = []
+    names = {f"nj_test_{entry.name}{suffix}" for entry in run_dir.iterdir() for suffix in ("", "_docs")}
+    if not names:
+        return dropped
+    try:
+        for name, comment in database_names("nj\\_test\\_%").items():
+            if name in names and owner_is_gone(comment):
+                with admin_connect() as conn:
+                    conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                dropped.append(name)
+    except psycopg.OperationalError:
+        pass  # the server is gone too: the next session's sweep drops them
     return dropped
 
 

@@ -25,6 +25,7 @@ PLANTED = textwrap.dedent(
     """
     import os
     import pathlib
+    import signal
     import time
 
 
@@ -32,6 +33,10 @@ PLANTED = textwrap.dedent(
         pathlib.Path(os.environ["NJ_PLANTED_READY"]).write_text(pg_url)
         if os.environ["NJ_PLANTED_MODE"] == "fail":
             assert False, "the planted failure"
+        if os.environ.get("NJ_PLANTED_DEAF"):
+            # A worker that cannot act on xdist's interrupt in time (a loaded machine): its
+            # controller kills it, with its database still there.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         # Until the parent signals, in short sleeps: a signal that lands just before a
         # blocking call is only handled when the call returns (CPython checks for signals
         # between bytecodes), so one long sleep could hold it for ten minutes.
@@ -52,12 +57,14 @@ def _wait_for(path: Path, proc: subprocess.Popen[str], bound: float = 60) -> str
     raise AssertionError("the planted session never reached its test")
 
 
-def run_planted(tmp_path: Path, mode: str, *options: str) -> tuple[str, str]:
+def run_planted(tmp_path: Path, mode: str, *options: str, deaf: bool = False) -> tuple[str, str]:
     """Run the planted session and end it by `mode` ("fail" or a signal name); return the URL
-    of the database it made and its output."""
+    of the database it made and its output. `deaf`: the planted test ignores SIGINT."""
     (tmp_path / "test_planted.py").write_text(PLANTED)
     ready = tmp_path / "ready"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NJ_PLANTED_READY": str(ready), "NJ_PLANTED_MODE": mode}
+    if deaf:
+        env["NJ_PLANTED_DEAF"] = "1"
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-q", *options, "test_planted.py"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -87,10 +94,13 @@ def test_the_session_database_is_dropped_however_the_run_ends(mode, tmp_path, pg
     assert not exists(name), f"{mode}: {name} was left behind:\n{out}"
 
 
-def test_a_signalled_parallel_run_drops_the_database_of_its_worker(tmp_path, pg_url):
+@pytest.mark.parametrize("worker", ["interrupted", "killed"])
+def test_a_signalled_parallel_run_drops_the_database_of_its_worker(worker, tmp_path, pg_url):
     """The suite runs in xdist workers: a SIGTERM to the run (the controller) still drops the
-    database the worker made (`nj_test_<worker pid>`)."""
-    url, out = run_planted(tmp_path, "SIGTERM", "-n", "1")
+    database the worker made (`nj_test_<worker pid>`), by the worker's own teardown or, when
+    xdist had to kill the worker before that ended (as a loaded machine made it do now and then),
+    by the controller once its workers are down (tests/pgutil.py, drop_of_gone_workers)."""
+    url, out = run_planted(tmp_path, "SIGTERM", "-n", "1", deaf=worker == "killed")
     name = url.rpartition("/")[2]
     assert name.startswith("nj_test_") and name != pg_url.rpartition("/")[2], out
     assert not exists(name), f"{name} was left behind:\n{out}"
