@@ -41,8 +41,8 @@ Rounds alternate the order of (a), (b), (c); medians are reported. The table is 
 
 Usage (PostgreSQL on 127.0.0.1:5432 or NJ_BENCH_PG_URL; own database, dropped even on failure):
 
-    flock -x /work/locks/bench .venv/bin/python benchmarks/cpu_accounting.py   # ~1 min
-    .venv/bin/python benchmarks/cpu_accounting.py --smoke                      # tiny: proves it runs
+    .venv/bin/python benchmarks/cpu_accounting.py           # ~1 min
+    .venv/bin/python benchmarks/cpu_accounting.py --smoke   # tiny: proves it runs
 
 Nothing is judged: the figures are recorded in benchmarks/RESULTS.md.
 """

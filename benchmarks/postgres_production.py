@@ -548,7 +548,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"unwritten: {problem}")
     for note in figures.invalid:
         print(f"invalid (not judged): {note}")
-    return conclude(figures.verdicts(), started=started, quick=args.smoke, check=args.check)
+    return conclude(figures.verdicts(), started=started, smoke=args.smoke, check=args.check)
 
 
 if __name__ == "__main__":

@@ -178,7 +178,7 @@ def test_memory_benchmark_quick_mode_runs() -> None:
 
 
 def test_memory_benchmark_is_importable_without_side_effects() -> None:
-    code = "import benchmarks.memory_throughput as m; assert m.QUICK.jobs < m.Sizes().jobs; print('ok')"
+    code = "import benchmarks.memory_throughput as m; assert m.SMOKE.jobs < m.Sizes().jobs; print('ok')"
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60
     )
