@@ -95,7 +95,7 @@ class Sizes:
 
 
 SMOKE = Sizes(
-    jobs=300, measured=100, serial_measured=20, few_jobs=300, few_measured=100, workers=8, rounds=1, keys=(1, 10, 1_000), probes=10
+    jobs=300, measured=100, serial_measured=20, few_jobs=300, few_measured=100, workers=8, rounds=1, keys=(1, 1_000), probes=10
 )
 
 

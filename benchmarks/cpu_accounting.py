@@ -98,7 +98,7 @@ class Config:
     """One unrecorded loop and runtime drain first (imports, connections, the server's caches)."""
 
 
-SMOKE = Config(size=5_000, drain=300, workers=8, window=0.1, warmup=0.0, rounds=1, warm=False)
+SMOKE = Config(size=20_000, drain=100, workers=8, window=0.1, warmup=0.0, rounds=1, warm=False)
 
 
 # -- CPU counters -----------------------------------------------------------------------------------

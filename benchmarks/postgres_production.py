@@ -119,8 +119,8 @@ class Sizes:
 
 
 SMOKE = Sizes(
-    sizes=(300, 5_000), kept=2_000, workers=(1, 8), drain={1: 100, 8: 300, 32: 300}, rounds=1,
-    proc_workers=8, proc_rounds=2, proc_window=0.2, proc_warmup=0.0, probes=10,
+    sizes=(300, 20_000), kept=2_000, workers=(1, 8), drain={1: 30, 8: 100, 32: 100}, rounds=1,
+    proc_workers=8, proc_rounds=1, proc_window=0.2, proc_warmup=0.0, probes=10,
 )  # fmt: skip
 
 

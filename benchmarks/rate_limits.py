@@ -89,7 +89,7 @@ class Sizes:
 
 
 SMOKE = Sizes(
-    keys=2, per_key=30, limit=10, per=0.5, unlimited=50, jobs=300, measured=100, throughput_keys=10, workers=8, rounds=1,
+    keys=2, per_key=20, limit=10, per=0.5, unlimited=50, jobs=300, measured=100, throughput_keys=10, workers=8, rounds=1,
     backlog=300, probes=10, behind_jobs=100,
 )  # fmt: skip
 

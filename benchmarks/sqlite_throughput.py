@@ -103,7 +103,7 @@ class Sizes:
     """`WakeRegistry.send` calls timed per listener count."""
 
 
-SMOKE = Sizes(jobs=300, rounds=1, batch=100, probes=10, cross_probes=10, poll_probes=3, sends=100)
+SMOKE = Sizes(jobs=300, rounds=1, batch=100, probes=10, cross_probes=10, poll_probes=2, sends=100)
 
 
 @attrs.frozen
