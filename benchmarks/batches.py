@@ -11,7 +11,7 @@ What it measures, per backend (PostgreSQL, SQLite, memory):
   `@app.job` (one job per call), or an `@app.batch_job` of `max_size` 20 or 100 (`max_wait`
   0.05 s: a backlog fills every batch, so the wait never runs).
 - The work is one call per handler invocation to a service with a fixed round trip
-  (`--work-ms`, default 0 and 1: no work at all, the runtime's own cost; and a 1 ms bulk
+  (`Sizes.work_ms`, 0 and 1: no work at all, the runtime's own cost; and a 1 ms bulk
   request, which a single job pays once per job and a batch once per batch).
 - Rounds alternate the sides, each on a freshly filled table; figures are medians over rounds,
   and each batch side is also given as a ratio of the single side measured in the same round.
