@@ -11,7 +11,7 @@ What it measures, per backend (PostgreSQL, SQLite, memory):
   `@app.job` (one job per call), or an `@app.batch_job` of `max_size` 20 or 100 (`max_wait`
   0.05 s: a backlog fills every batch, so the wait never runs).
 - The work is one call per handler invocation to a service with a fixed round trip
-  (`--work-ms`, default 0 and 1: no work at all, the runtime's own cost; and a 1 ms bulk
+  (`Sizes.work_ms`, 0 and 1: no work at all, the runtime's own cost; and a 1 ms bulk
   request, which a single job pays once per job and a batch once per batch).
 - Rounds alternate the sides, each on a freshly filled table; figures are medians over rounds,
   and each batch side is also given as a ratio of the single side measured in the same round.
@@ -19,8 +19,8 @@ What it measures, per backend (PostgreSQL, SQLite, memory):
 Usage (PostgreSQL on 127.0.0.1:5432, or the admin URL in NJ_BENCH_PG_URL; the script creates
 and drops its own database):
 
-    flock -x /work/locks/bench .venv/bin/python benchmarks/batches.py
-    .venv/bin/python benchmarks/batches.py --quick   # tiny sizes: only proves it runs
+    .venv/bin/python benchmarks/batches.py
+    .venv/bin/python benchmarks/batches.py --smoke   # tiny sizes: only proves it runs
 
 Results are recorded in benchmarks/RESULTS.md ("Batch handlers"). Speed is never asserted in
 tests.
@@ -66,7 +66,7 @@ class Sizes:
     backends: tuple[str, ...] = ("postgres", "sqlite", "memory")
 
 
-QUICK = Sizes(jobs=400, measured=200, single_measured=100, workers=4, rounds=1, work_ms=(0.0,))
+SMOKE = Sizes(jobs=400, measured=200, single_measured=100, workers=4, rounds=1, work_ms=(0.0,))
 
 
 class Box:
@@ -178,7 +178,7 @@ def measure(backend: str, target: str, s: Sizes, log: Callable[[str], None]) -> 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_backend_options(parser, "rounds per side (default 2)")
-    s = sizes_from(parser.parse_args(argv), Sizes(), QUICK)
+    s = sizes_from(parser.parse_args(argv), Sizes(), SMOKE)
     print(
         f"batch handlers: {s.jobs:,} jobs pre-filled, {s.workers} workers, batch sizes {s.batch_sizes}, "
         f"work {s.work_ms} ms per call, {s.rounds} round(s); load before: {os.getloadavg()[0]:.2f}"

@@ -20,7 +20,7 @@ ratios are per round, medians reported.
 Usage (PostgreSQL on 127.0.0.1:5432, or the admin URL in NJ_BENCH_PG_URL; the script creates
 and drops its own database):
 
-    flock -x /work/locks/bench .venv/bin/python benchmarks/bounded_queues.py
+    .venv/bin/python benchmarks/bounded_queues.py
     .venv/bin/python benchmarks/bounded_queues.py --smoke   # tiny sizes: only proves it runs
 
 Results are recorded in benchmarks/RESULTS.md ("Bounded queues"). Speed is never asserted in

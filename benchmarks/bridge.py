@@ -27,7 +27,7 @@ Usage:
 
     .venv/bin/python benchmarks/bridge.py            # full run, a few minutes
     .venv/bin/python benchmarks/bridge.py --check    # exit 1 if a judged check fails
-    .venv/bin/python benchmarks/bridge.py --quick    # tiny sizes, a 2 s sleep: proves it runs
+    .venv/bin/python benchmarks/bridge.py --smoke    # tiny sizes, a 2 s sleep: proves it runs
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class Sizes:
     """The cancelled statement's pg_sleep."""
 
 
-QUICK = Sizes(trips_k1=20, trips_k100=3, rounds=1, sleep_s=2.0)
+SMOKE = Sizes(trips_k1=20, trips_k100=3, rounds=1, sleep_s=2.0)
 
 
 @attrs.frozen
@@ -220,7 +220,10 @@ def table(f: Figures) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="psycopg bridges for Trio: round trips per second and cancellation")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, one round, a 2 s sleep: proves the script runs")
+    parser.add_argument(
+        "--smoke", "--quick", dest="smoke", action="store_true",
+        help="tiny sizes, one round, a 2 s sleep: proves the script runs (--quick: its older name)",
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 when a judged check fails")
     parser.add_argument("--rounds", type=int, help=f"rounds (default {Sizes().rounds})")
     parser.add_argument(
@@ -230,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="synchronous_commit for the benchmark database (default off: compare bridges, not the disk)",
     )
     args = parser.parse_args(argv)
-    sizes = QUICK if args.quick else Sizes()
+    sizes = SMOKE if args.smoke else Sizes()
     if args.rounds:
         sizes = attrs.evolve(sizes, rounds=args.rounds)
     if not pg_bridge.import_order_ok():
@@ -255,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(table(figures))
     print(f"load average at end: {load_average()}")
-    print(f"\n({time.monotonic() - started:.1f} s{'; --quick: sizes too small for the figures to mean anything' if args.quick else ''})")
+    print(f"\n({time.monotonic() - started:.1f} s{'; --smoke: sizes too small for the figures to mean anything' if args.smoke else ''})")
     failed = [k for k, v in figures.verdicts().items() if not v]
     if failed:
         print(f"missed: {', '.join(failed)}")

@@ -26,8 +26,11 @@ Usage:
 
     .venv/bin/python benchmarks/memory_instructions.py [--jobs 1000]
     .venv/bin/python benchmarks/memory_instructions.py --keys 1000 --workers 32
+    .venv/bin/python benchmarks/memory_instructions.py --smoke   # every side once, no valgrind
 
-Needs valgrind (Debian's package; present on this machine kind). Not run by the test suite.
+Needs valgrind (Debian's package; present on this machine kind), except `--smoke`, which runs
+every side once at a tiny size in this process and counts nothing: the test suite runs it so the
+sides keep working.
 """
 
 from __future__ import annotations
@@ -129,6 +132,23 @@ def _runtime_keys(n: int, workers: int, keys: int, limited: bool) -> None:
     nj.run(main, app=app, backend=backend, grace=0.0)
 
 
+SIDES = ("baseline", "runtime", "unwatched", "typed", "untyped", "keyed", "unkeyed")
+SMOKE_JOBS = 20
+SMOKE_KEYS = 5
+
+
+def run_side(side: str, n: int, workers: int, keys: int) -> None:
+    """One side's program, as callgrind runs it (``--side``): `n` jobs through `workers`."""
+    if side == "baseline":
+        run_baseline(n, workers)
+    elif side in ("runtime", "unwatched"):
+        _runtime(n, workers, watch=side == "runtime")
+    elif side in ("typed", "untyped"):
+        _runtime_args(n, workers, typed=side == "typed")
+    else:
+        _runtime_keys(n, workers, keys, limited=side == "keyed")
+
+
 def _count(side: str, n: int, workers: int, keys: int = 0) -> int:
     out = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
@@ -151,20 +171,16 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--args", action="store_true", help="count the argument check's price instead")
     parser.add_argument("--keys", type=int, default=0, help="count the price of a per-key limit over this many keys instead")
-    parser.add_argument("--side", choices=["baseline", "runtime", "unwatched", "typed", "untyped", "keyed", "unkeyed"],
-                        help=argparse.SUPPRESS)  # fmt: skip
+    parser.add_argument("--smoke", action="store_true", help="every side once at a tiny size, without valgrind: counts nothing")
+    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.side == "baseline":
-        run_baseline(args.jobs, args.workers)
+    if args.side:
+        run_side(args.side, args.jobs, args.workers, args.keys)
         return 0
-    if args.side in ("runtime", "unwatched"):
-        _runtime(args.jobs, args.workers, watch=args.side == "runtime")
-        return 0
-    if args.side in ("typed", "untyped"):
-        _runtime_args(args.jobs, args.workers, typed=args.side == "typed")
-        return 0
-    if args.side in ("keyed", "unkeyed"):
-        _runtime_keys(args.jobs, args.workers, args.keys, limited=args.side == "keyed")
+    if args.smoke:
+        for side in SIDES:
+            run_side(side, SMOKE_JOBS, args.workers, SMOKE_KEYS)
+        print(f"smoke run: every side ran {SMOKE_JOBS} jobs without valgrind; nothing counted")
         return 0
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (apt-get install valgrind)", file=sys.stderr)

@@ -25,12 +25,12 @@ Usage:
 
     .venv/bin/python benchmarks/memory_throughput.py            # full run, about a minute
     .venv/bin/python benchmarks/memory_throughput.py --check    # exit 1 if a target is missed
-    .venv/bin/python benchmarks/memory_throughput.py --quick    # tiny sizes: only proves it runs
+    .venv/bin/python benchmarks/memory_throughput.py --smoke    # tiny sizes: only proves it runs
     .venv/bin/python benchmarks/memory_throughput.py --watchdog # the blocked-loop watchdog's price:
                                                                 # runtime rounds with it on and off
 
 Results are recorded in benchmarks/RESULTS.md. Speed is never asserted in tests; the test suite
-only runs `--quick` to keep this script from rotting.
+only runs `--smoke` to keep this script from rotting.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class Sizes:
     """Jobs held queued for the memory figure."""
 
 
-QUICK = Sizes(jobs=500, rounds=1, workers=8, probes=20, queued=2_000)
+SMOKE = Sizes(jobs=500, rounds=1, workers=8, probes=20, queued=2_000)
 
 
 @attrs.frozen
@@ -337,7 +337,10 @@ def table(f: Figures) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="nursery_jobs memory-backend throughput, latency and memory")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, one round: proves the script runs")
+    parser.add_argument(
+        "--smoke", "--quick", dest="smoke", action="store_true",
+        help="tiny sizes, one round: proves the script runs (--quick: its older name)",
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("--jobs", type=int, help=f"jobs per throughput round (default {Sizes().jobs:,})")
     parser.add_argument("--rounds", type=int, help=f"alternating rounds (default {Sizes().rounds})")
@@ -346,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--watchdog", action="store_true", help="only the blocked-loop watchdog's price: runtime rounds with it on and off"
     )
     args = parser.parse_args(argv)
-    sizes = QUICK if args.quick else Sizes()
+    sizes = SMOKE if args.smoke else Sizes()
     overrides = {k: v for k, v in (("jobs", args.jobs), ("rounds", args.rounds), ("workers", args.workers)) if v}
     sizes = attrs.evolve(sizes, **overrides)
 
@@ -362,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     figures = measure(sizes)
     print()
     print(table(figures))
-    print(f"\n({time.monotonic() - started:.1f} s{'; --quick: sizes too small for the figures to mean anything' if args.quick else ''})")
+    print(f"\n({time.monotonic() - started:.1f} s{'; --smoke: sizes too small for the figures to mean anything' if args.smoke else ''})")
     failed = [k for k, v in figures.verdicts().items() if not v]
     if failed and args.check:
         print(f"FAIL: {', '.join(failed)}", file=sys.stderr)

@@ -21,7 +21,7 @@ What it measures:
 Usage (PostgreSQL on 127.0.0.1:5432, or the admin URL in NJ_BENCH_PG_URL; the script creates
 and drops its own database, even on failure):
 
-    flock -x /work/locks/bench .venv/bin/python benchmarks/outbox_relay.py
+    .venv/bin/python benchmarks/outbox_relay.py
     .venv/bin/python benchmarks/outbox_relay.py --smoke   # tiny sizes: only proves it runs
 
 Results are recorded in benchmarks/RESULTS.md ("Outbox relay and receipts"). Speed is never

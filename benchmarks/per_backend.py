@@ -123,16 +123,19 @@ def _new_job(row: dict[str, Any]) -> NewJob:
 
 
 def add_backend_options(parser: argparse.ArgumentParser, rounds_help: str) -> None:
-    """``--quick``, ``--backends`` and ``--rounds``."""
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: only proves the script runs")
+    """``--smoke``, ``--backends`` and ``--rounds``."""
+    parser.add_argument(
+        "--smoke", "--quick", dest="smoke", action="store_true",
+        help="tiny sizes, one round: only proves the script runs (--quick: its older name)",
+    )
     parser.add_argument("--backends", default=None, help="comma-separated subset of postgres,sqlite,memory")
     parser.add_argument("--rounds", type=int, default=None, help=rounds_help)
 
 
-def sizes_from(args: argparse.Namespace, full: S, quick: S) -> S:
-    """The sizes the options ask for: `quick` with ``--quick``, with ``backends`` and
+def sizes_from(args: argparse.Namespace, full: S, smoke: S) -> S:
+    """The sizes the options ask for: `smoke` with ``--smoke``, with ``backends`` and
     ``rounds`` replaced when given."""
-    s: Any = quick if args.quick else full
+    s: Any = smoke if args.smoke else full
     if args.backends:
         s = attrs.evolve(s, backends=tuple(b.strip() for b in args.backends.split(",")))
     if args.rounds:

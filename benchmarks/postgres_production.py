@@ -119,8 +119,8 @@ class Sizes:
 
 
 SMOKE = Sizes(
-    sizes=(300, 5_000), kept=2_000, workers=(1, 8), drain={1: 100, 8: 300, 32: 300}, rounds=1,
-    proc_workers=8, proc_rounds=2, proc_window=0.2, proc_warmup=0.0, probes=10,
+    sizes=(300, 20_000), kept=2_000, workers=(1, 8), drain={1: 30, 8: 100, 32: 100}, rounds=1,
+    proc_workers=8, proc_rounds=1, proc_window=0.2, proc_warmup=0.0, probes=10,
 )  # fmt: skip
 
 
@@ -548,7 +548,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"unwritten: {problem}")
     for note in figures.invalid:
         print(f"invalid (not judged): {note}")
-    return conclude(figures.verdicts(), started=started, quick=args.smoke, check=args.check)
+    return conclude(figures.verdicts(), started=started, smoke=args.smoke, check=args.check)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ first sample excluded) with its end (the last 10 %, at least 60 s), medians of e
   through. (Execution time is reported, not judged: on a shared machine it moves with the load.)
 
 `--defaults` resets migration 0005's per-table autovacuum settings to the server's defaults
-first, for the side-by-side. `--smoke` runs for ~20 s with small sizes and judges nothing (a
+first, for the side-by-side. `--smoke` runs for ~4 s with small sizes and judges nothing (a
 test runs it).
 
     .venv/bin/python benchmarks/postgres_soak.py                       # 30 min, 1M jobs, tuned
@@ -423,11 +423,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=32)
     parser.add_argument("--tick", type=float, default=1.0, help="seconds between enqueue batches (default 1)")
     parser.add_argument("--defaults", action="store_true", help="reset migration 0005's autovacuum settings first")
-    parser.add_argument("--smoke", action="store_true", help="~20 s, small sizes, nothing judged")
+    parser.add_argument("--smoke", action="store_true", help="~4 s, small sizes, nothing judged")
     ns = parser.parse_args(argv)
     if ns.smoke:
-        ns.duration, ns.jobs, ns.history, ns.keep = 20.0, 4_000, 20_000, 5.0
-        ns.interval = ns.interval or 2.0
+        ns.duration, ns.jobs, ns.history, ns.keep = 4.0, 800, 5_000, 2.0
+        ns.interval = ns.interval or 1.0
     interval = ns.interval or (30.0 if ns.duration >= 600 else 15.0)
     rate = ns.jobs / ns.duration if ns.rate is None else ns.rate
     opts = Options(ns.duration, ns.jobs, rate, interval, ns.history, ns.keep, ns.workers, ns.tick, ns.defaults, ns.smoke)

@@ -34,7 +34,7 @@ creates and drops its own database):
 
     .venv/bin/python benchmarks/postgres_throughput.py            # full run, a few minutes
     .venv/bin/python benchmarks/postgres_throughput.py --check    # exit 1 if a target is missed
-    .venv/bin/python benchmarks/postgres_throughput.py --quick    # tiny sizes: only proves it runs
+    .venv/bin/python benchmarks/postgres_throughput.py --smoke    # tiny sizes: only proves it runs
 
 Results are recorded in benchmarks/RESULTS.md. Speed is never asserted in tests.
 """
@@ -121,7 +121,7 @@ class Sizes:
     probe_workers: int = 10
 
 
-QUICK = Sizes(jobs=300, rounds=1, batch=100, proc_rounds=1, procs=(2,), one_by_one=50, bulk=300, probes=10)
+SMOKE = Sizes(jobs=300, rounds=1, batch=100, proc_rounds=1, procs=(2,), one_by_one=50, bulk=300, probes=10)
 
 
 @attrs.frozen
@@ -534,7 +534,10 @@ def table(f: Figures) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="nursery_jobs PostgreSQL-backend throughput, enqueue cost and latency")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, one round: proves the script runs")
+    parser.add_argument(
+        "--smoke", "--quick", dest="smoke", action="store_true",
+        help="tiny sizes, one round: proves the script runs (--quick: its older name)",
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("--jobs", type=int, help=f"jobs per end-to-end round (default {Sizes().jobs:,})")
     parser.add_argument("--rounds", type=int, help=f"alternating rounds (default {Sizes().rounds})")
@@ -549,7 +552,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.worker:
         return serve_worker(build_app, args.worker, args.workers)
-    sizes = QUICK if args.quick else Sizes()
+    sizes = SMOKE if args.smoke else Sizes()
     overrides = {k: v for k, v in (("jobs", args.jobs), ("rounds", args.rounds)) if v}
     sizes = attrs.evolve(sizes, **overrides)
 
@@ -578,7 +581,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print()
     print(table(figures))
-    return conclude(figures.verdicts(), started=started, quick=args.quick, check=args.check)
+    return conclude(figures.verdicts(), started=started, smoke=args.smoke, check=args.check)
 
 
 if __name__ == "__main__":

@@ -28,8 +28,8 @@ What it measures, per backend (PostgreSQL; SQLite and memory beside it):
 Usage (PostgreSQL on 127.0.0.1:5432, or the admin URL in NJ_BENCH_PG_URL; the script creates
 and drops its own database):
 
-    flock -x /work/locks/bench .venv/bin/python benchmarks/rate_limits.py
-    .venv/bin/python benchmarks/rate_limits.py --quick   # tiny sizes: only proves it runs
+    .venv/bin/python benchmarks/rate_limits.py
+    .venv/bin/python benchmarks/rate_limits.py --smoke   # tiny sizes: only proves it runs
 
 Results are recorded in benchmarks/RESULTS.md ("Rate limits"). Speed is never asserted in tests.
 """
@@ -88,8 +88,8 @@ class Sizes:
     """Unlimited jobs drained behind the backlog."""
 
 
-QUICK = Sizes(
-    keys=2, per_key=30, limit=10, per=0.5, unlimited=50, jobs=300, measured=100, throughput_keys=10, workers=8, rounds=1,
+SMOKE = Sizes(
+    keys=2, per_key=20, limit=10, per=0.5, unlimited=50, jobs=300, measured=100, throughput_keys=10, workers=8, rounds=1,
     backlog=300, probes=10, behind_jobs=100,
 )  # fmt: skip
 
@@ -333,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_backend_options(parser, "throughput rounds (default 4)")
     parser.add_argument("--behind", action="store_true", help="only the runs behind a key over its rate")
     args = parser.parse_args(argv)
-    s = sizes_from(args, Sizes(), QUICK)
+    s = sizes_from(args, Sizes(), SMOKE)
     print(
         f"rate limits: accuracy {s.keys} keys x {s.per_key} jobs at {s.limit} per {s.per:g} s before {s.unlimited:,}"
         f" unlimited; throughput {s.jobs:,} pre-filled over {s.throughput_keys:,} keys; {s.workers} workers"

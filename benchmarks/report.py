@@ -38,10 +38,10 @@ def load_average() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def conclude(verdicts: Mapping[str, bool], *, started: float, quick: bool, check: bool) -> int:
+def conclude(verdicts: Mapping[str, bool], *, started: float, smoke: bool, check: bool) -> int:
     """Print the closing lines; the exit status is 1 only with --check and a missed target."""
     print(f"load average at end: {load_average()}")
-    note = "; --quick: sizes too small for the figures to mean anything" if quick else ""
+    note = "; --smoke: sizes too small for the figures to mean anything" if smoke else ""
     print(f"\n({time.monotonic() - started:.1f} s{note})")
     failed = [name for name, ok in verdicts.items() if not ok]
     if failed:

@@ -1,4 +1,4 @@
-"""The examples and the benchmark script are run as users run them: as subprocesses.
+"""The examples are run as users run them: as subprocesses (the benchmarks: test_benchmark_ledger.py).
 
 Every wait here is bounded (subprocess timeouts, a deadline on reading output). Speed is never
 asserted: the shutdown bounds are the runtime's own promises (grace, flush_bound), not timings.
@@ -19,7 +19,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.py"
-BENCHMARK = ROOT / "benchmarks" / "memory_throughput.py"
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 # The runtime's default flush_bound: how long shutdown gives cancelled attempts and the final flush.
@@ -162,23 +161,8 @@ def test_second_signal_skips_the_grace() -> None:
     assert took < FLUSH_BOUND + SLACK, f"took {took:.1f} s to stop"
 
 
-@pytest.mark.timeout(180)  # above the subprocess's own 120 s bound, which says more
-def test_memory_benchmark_quick_mode_runs() -> None:
-    result = subprocess.run(
-        [sys.executable, str(BENCHMARK), "--quick"],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    for metric in ("throughput ratio", "idle enqueue -> start p50", "memory per queued job"):
-        assert metric in result.stdout, result.stdout
-
-
 def test_memory_benchmark_is_importable_without_side_effects() -> None:
-    code = "import benchmarks.memory_throughput as m; assert m.QUICK.jobs < m.Sizes().jobs; print('ok')"
+    code = "import benchmarks.memory_throughput as m; assert m.SMOKE.jobs < m.Sizes().jobs; print('ok')"
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60
     )
