@@ -244,9 +244,11 @@ class Runtime(Client):
         """``async with rt.lock(name, ttl=30, timeout=10):`` holds the lock `name` across every
         process on the store for the block: waits up to `timeout` seconds for it (then
         `LockTimeout`; `timeout=0` tries once), renews it every ``ttl / 3``, releases it when
-        the block ends. If a renewal fails before the hold expires, the block is cancelled
-        there and `LockLost` is raised: it never runs unlocked. A crashed holder's lock frees
-        itself `ttl` seconds after its last renewal (docs/locks.md)."""
+        the block ends. The block's scope has the hold's end as its deadline (moved on by each
+        renewal the store confirmed, never past the store's expiry): past it, or when a
+        renewal is refused, the block is cancelled and `LockLost` is raised, even after the
+        process was frozen past its ttl. A crashed holder's lock frees itself `ttl` seconds
+        after its last renewal (docs/locks.md)."""
         return self._lock_store().hold(name, ttl, timeout)
 
     async def try_lock(self, name: str, *, ttl: float = 30.0) -> tuple[bool, Release]:

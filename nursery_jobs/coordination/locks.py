@@ -4,11 +4,15 @@ A lock is a row in the store (`LockStore`) with a random owner token and an expi
 seconds ahead on the backend's clock. While held it is renewed every ``ttl / 3``; a holder that
 crashes stops renewing, and the lock frees itself at most `ttl` after its last renewal.
 
-Fencing, for `rt.lock`: the renewal runs beside the block, and each renewal is cut at the
-moment the hold would expire (the time the last good renewal was *sent* plus `ttl`, so an
-answer that took long only makes that earlier). When a renewal is refused (the lock expired and
-may be another's) or cannot be made before that moment, the block is cancelled there -- it never
-runs past its hold -- and `LockLost` is raised where the block ends. The lock is released when
+Fencing, for `rt.lock`: the block runs inside a cancel scope whose deadline is the end of the
+hold as this process last had it confirmed: the Trio time at which the acquiring or renewing
+request was *sent*, plus `ttl`, minus `clock_margin(ttl)` (so an answer that took long only makes
+it earlier, and the deadline is never later than the expiry the store holds). Only a renewal the
+store confirmed moves it forward. The deadline is Trio's own, so it holds whatever order Trio
+runs the renewal task and the block in: a process frozen (SIGSTOP, a stalled VM, a blocked loop)
+past it resumes with the scope already cancelled, and the block's next checkpoint raises
+`Cancelled`. A renewal the store refuses (the lock expired and may be another's) cancels the
+scope at once. Either way `LockLost` is raised where the block ends. The lock is released when
 the block ends, whatever ended it (shielded, bounded by `RELEASE_BOUND`; if the release cannot
 be made, the lock expires on its own).
 
@@ -31,7 +35,7 @@ from ..backends import LockStore
 from ..errors import ConfigError, LockLost, LockTimeout
 from ..infra.owner import TaskOwner, open_owner
 
-__all__ = ["Locks", "Release", "RELEASE_BOUND"]
+__all__ = ["CLOCK_MARGIN", "Locks", "Release", "RELEASE_BOUND", "clock_margin"]
 
 log = logging.getLogger("nursery_jobs")
 
@@ -39,6 +43,17 @@ RELEASE_BOUND = 5.0
 """The longest a release (at the end of a block, or `release()`) waits for the store."""
 MAX_POLL = 1.0
 """The longest `rt.lock` waits between two tries while another holds the lock."""
+CLOCK_MARGIN = 1.0
+"""The most a hold is cut short of its ttl (`clock_margin`)."""
+
+
+def clock_margin(ttl: float) -> float:
+    """How much earlier than the store's expiry a hold ends in this process: a tenth of the ttl,
+    at most `CLOCK_MARGIN`. It covers the difference between this process's clock and the clock
+    of a process that reads the expiry (each backend writes and compares expiries on the clock
+    of the process making the call), and the rate difference between Trio's monotonic clock and
+    the wall clock over one ttl."""
+    return min(CLOCK_MARGIN, ttl / 10)
 
 
 def _check(name: object, ttl: object, timeout: object = 0.0) -> None:
@@ -47,6 +62,14 @@ def _check(name: object, ttl: object, timeout: object = 0.0) -> None:
     for what, value, low in (("ttl", ttl, 0.1), ("timeout", timeout, 0.0)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low:
             raise ConfigError(f"lock {what} must be a finite number of seconds >= {low:g}, not {value!r}")
+
+
+def _log_lost(name: str, reason: str) -> None:
+    log.error("lock %r was lost: %s; its block is cancelled", name, reason, extra={"event": "lock_lost", "lock": name})
+
+
+def _ignore(_until: float) -> None:
+    pass
 
 
 class Release:
@@ -78,13 +101,14 @@ class Locks:
         self._owner = owner
 
     async def _acquire(self, name: str, token: str, ttl: float, timeout: float) -> float:
-        """Take the lock within `timeout` (`LockTimeout`); returns when its hold ends (Trio clock)."""
+        """Take the lock within `timeout` (`LockTimeout`); returns when its hold ends (Trio clock,
+        `clock_margin` before the store's expiry)."""
         give_up = trio.current_time() + timeout
         delay = 0.05
         while True:
             sent = trio.current_time()
             if await self._store.acquire_lock(name, token, ttl):
-                return sent + ttl
+                return sent + ttl - clock_margin(ttl)
             if trio.current_time() + delay > give_up:
                 raise LockTimeout(
                     f"lock {name!r} is held by another holder and was not freed within {timeout:g} s; "
@@ -113,9 +137,10 @@ class Locks:
 
     async def _renew(
         self, name: str, token: str, ttl: float, until: float, on_lost: Callable[[str], None],
-        *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+        on_renewed: Callable[[float], None], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:  # fmt: skip
-        """Renew every ttl/3 until cancelled; call `on_lost` once the hold is lost."""
+        """Renew every ttl/3 until cancelled, calling `on_renewed` with the hold's new end after each
+        renewal the store confirmed; call `on_lost` once the hold is lost."""
         task_status.started()
         while True:
             await trio.sleep(max(0.0, min(ttl / 3, until - trio.current_time())))
@@ -139,7 +164,8 @@ class Locks:
             if not held:
                 on_lost("it had expired, and may be another holder's")
                 return
-            until = sent + ttl
+            until = sent + ttl - clock_margin(ttl)
+            on_renewed(until)
 
     @asynccontextmanager
     async def hold(self, name: str, ttl: float, timeout: float) -> AsyncIterator[None]:
@@ -153,18 +179,25 @@ class Locks:
 
                     def lost(reason: str) -> None:
                         why.append(reason)
-                        log.error(
-                            "lock %r was lost: %s; its block is cancelled",
-                            name,
-                            reason,
-                            extra={"event": "lock_lost", "lock": name},
-                        )
+                        _log_lost(name, reason)
                         owner.cancel_scope.cancel()
 
-                    await owner.start(self._renew, name, token, ttl, until, lost, name="renew")
+                    def renewed(new_until: float) -> None:
+                        owner.cancel_scope.deadline = new_until
+
+                    await owner.start(self._renew, name, token, ttl, until, lost, renewed, name="renew")
+                    owner.cancel_scope.deadline = until
+                    if trio.current_time() >= until:
+                        raise LockLost(
+                            f"lock {name!r} was taken, but the store confirmed it only after its hold had "
+                            "expired; its block did not run"
+                        )
                     try:
                         yield
                     finally:
+                        if owner.cancel_scope.cancel_called and not why:  # its deadline passed
+                            why.append("it could not be renewed before it expired")
+                            _log_lost(name, why[0])
                         owner.cancel_scope.cancel()  # the block is over: stop renewing
             except BaseExceptionGroup as group:  # the block's own error, alone in the owner's group
                 if len(group.exceptions) == 1:
@@ -194,7 +227,7 @@ class Locks:
 
         async def renew(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             with release._stop:
-                await self._renew(name, token, ttl, sent + ttl, lost, task_status=task_status)
+                await self._renew(name, token, ttl, sent + ttl - clock_margin(ttl), lost, _ignore, task_status=task_status)
 
         await owner.start(renew, name=f"lock:{name}")
         return True, release

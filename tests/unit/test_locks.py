@@ -92,6 +92,51 @@ async def test_a_lock_whose_renewal_fails_cancels_its_block_before_it_expires(au
         backend.renew_ok = True
 
 
+async def test_a_holder_frozen_past_its_hold_takes_no_step_after_it_whichever_task_runs_first(autojump_clock: Any) -> None:
+    """The process freezes (the clock jumps while every task waits): when it resumes, the block's
+    sleep and the renewal's are due together, and Trio may run either first. The block's scope
+    is cancelled by its own deadline, so the block takes no step."""
+    late: list[int] = []
+    async with nj.open_runtime(nj.App()) as rt:
+        for attempt in range(20):
+            resumed: list[float] = []
+            steps: list[float] = []
+
+            async def hold() -> None:
+                with pytest.raises(nj.LockLost, match="could not be renewed before it expired"):
+                    async with rt.lock("x", ttl=30):
+                        while True:
+                            await trio.sleep(1)
+                            steps.append(trio.current_time())
+
+            async def freeze() -> None:
+                await trio.sleep(5.5)
+                autojump_clock.jump(60)  # no task runs meanwhile: a SIGSTOP, a stalled VM
+                resumed.append(trio.current_time())
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(hold)
+                nursery.start_soon(freeze)
+            if any(t >= resumed[0] for t in steps):
+                late.append(attempt)
+    assert not late, f"the block took a step after its hold expired in attempts {late}"
+
+
+async def test_a_hold_confirmed_after_it_expired_does_not_run_the_block(autojump_clock: Any) -> None:
+    class _SlowAcquire(nj.MemoryBackend):
+        async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+            held = await super().acquire_lock(name, owner, ttl)
+            await trio.sleep(ttl)  # the answer arrives after the hold has ended
+            return held
+
+    backend = _SlowAcquire()
+    async with nj.open_runtime(nj.App(), backend=backend) as rt:
+        with pytest.raises(nj.LockLost, match="its block did not run"):
+            async with rt.lock("x", ttl=10):
+                pytest.fail("the block ran after its hold had expired")
+        assert "x" not in backend._locks  # released
+
+
 async def test_a_lock_taken_over_after_expiry_cancels_the_old_block(autojump_clock: Any) -> None:
     """A holder whose loop was stuck past its ttl finds the lock another's: cancelled, LockLost."""
     backend = nj.MemoryBackend()
