@@ -32,6 +32,7 @@ from typing import AsyncIterator, Callable
 import trio
 
 from ..backends import LockStore
+from ..config import check_unique_key
 from ..errors import ConfigError, LockLost, LockTimeout
 from ..infra.owner import TaskOwner, open_owner
 
@@ -57,8 +58,7 @@ def clock_margin(ttl: float) -> float:
 
 
 def _check(name: object, ttl: object, timeout: object = 0.0) -> None:
-    if not isinstance(name, str) or not name or len(name) > 512:
-        raise ConfigError(f"a lock name is a non-empty str of at most 512 characters, not {name!r}")
+    check_unique_key(name, "a lock name")  # the rule of every stored key: each backend stores it as text
     for what, value, low in (("ttl", ttl, 0.1), ("timeout", timeout, 0.0)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low:
             raise ConfigError(f"lock {what} must be a finite number of seconds >= {low:g}, not {value!r}")

@@ -50,6 +50,38 @@ async def test_a_lock_expires_after_its_ttl_and_is_renewed_only_while_held(make_
         assert not await backend.acquire_lock("a", "me", 10)
 
 
+@pytest.mark.parametrize(
+    "name, needle",
+    [
+        ("", "must be a non-empty str"),
+        (7, "must be a non-empty str"),
+        ("a\x00b", "must not contain NUL"),
+        ("a\ud800b", r"must be valid text \(it holds a lone surrogate\)"),
+        ("\u00e9" * 501, "is 1,002 bytes, over the limit of 1,000"),  # 501 characters, 1,002 bytes of UTF-8
+    ],
+)
+async def test_a_bad_lock_name_is_the_same_config_error_on_every_backend(
+    make_backend, autojump_clock, name: object, needle: str
+) -> None:
+    """The rule of concurrency and rate keys (`check_unique_key`), before any backend sees it."""
+    async with opened(make_backend) as backend, nj.open_runtime(nj.App(), backend=backend, queues=[]) as rt:
+        with pytest.raises(nj.ConfigError, match=f"a lock name {needle}"):
+            async with rt.lock(name, timeout=0):  # type: ignore[arg-type]
+                pytest.fail("held a lock by a bad name")
+        with pytest.raises(nj.ConfigError, match=f"a lock name {needle}"):
+            await rt.try_lock(name)  # type: ignore[arg-type]
+
+
+async def test_the_longest_lock_name_is_held_on_every_backend(make_backend, autojump_clock) -> None:
+    name = "\u00e9" * 500  # 1,000 bytes of UTF-8
+    async with opened(make_backend) as backend, nj.open_runtime(nj.App(), backend=backend, queues=[]) as rt:
+        async with rt.lock(name, timeout=0):
+            assert not (await rt.try_lock(name))[0]
+        acquired, release = await rt.try_lock(name)
+        assert acquired
+        await release()
+
+
 async def test_concurrent_acquires_from_several_instances_give_the_lock_to_one(store, autojump_clock) -> None:
     backends = [store.open() for _ in range(3)]
     for backend in backends:
