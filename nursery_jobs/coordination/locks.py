@@ -16,6 +16,11 @@ scope at once. Either way `LockLost` is raised where the block ends. The lock is
 the block ends, whatever ended it (shielded, bounded by `RELEASE_BOUND`; if the release cannot
 be made, the lock expires on its own).
 
+Each acquisition has a fencing token (`HeldLock.token`, `Release.token`), which the store draws
+from a counter that only grows (`LockStore.acquire_lock`): a holder that lost the lock has a
+smaller one than the holder that took it, so a store the block writes to can refuse a stale
+holder's writes, which no deadline can stop once they are on the wire.
+
 `rt.try_lock` has no block to cancel: its renewal is a task of the runtime, and a lost hold is
 logged and set on `release.lost`. Code that must never run unlocked uses
 ``async with rt.lock(name, timeout=0):``, which also never waits.
@@ -29,6 +34,7 @@ import secrets
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Callable
 
+import attrs
 import trio
 
 from ..backends import LockStore
@@ -36,7 +42,7 @@ from ..config import check_unique_key
 from ..errors import ConfigError, LockLost, LockTimeout
 from ..infra.owner import TaskOwner, open_owner
 
-__all__ = ["CLOCK_MARGIN", "Locks", "Release", "RELEASE_BOUND", "clock_margin"]
+__all__ = ["CLOCK_MARGIN", "HeldLock", "Locks", "Release", "RELEASE_BOUND", "clock_margin"]
 
 log = logging.getLogger("nursery_jobs")
 
@@ -64,6 +70,31 @@ def _check(name: object, ttl: object, timeout: object = 0.0) -> None:
             raise ConfigError(f"lock {what} must be a finite number of seconds >= {low:g}, not {value!r}")
 
 
+@attrs.frozen
+class HeldLock:
+    """What ``async with rt.lock(name) as lock:`` gives its block: the lock's `name` and this
+    acquisition's fencing `token`."""
+
+    name: str
+    token: int
+    """An int >= 1, larger than the token of every acquisition of `name` before this one on the
+    store (through releases, expiries and restarts): a holder that lost the lock has a smaller
+    token than the one that took it. Send it with each write to another store, which keeps the
+    largest token it has seen and refuses a smaller one (docs/locks.md)."""
+
+
+def _fence(store: LockStore, answer: object) -> int | None:
+    """`acquire_lock`'s answer: a token, or None when the lock is another's."""
+    if answer is None:
+        return None
+    if isinstance(answer, int) and not isinstance(answer, bool) and answer >= 1:
+        return answer
+    raise ConfigError(
+        f"{type(store).__name__}.acquire_lock returned {answer!r}, not a fencing token (an int >= 1) or None: "
+        "it implements the LockStore protocol of an older nursery_jobs (see LockStore.acquire_lock)"
+    )
+
+
 def _log_lost(name: str, reason: str) -> None:
     log.error("lock %r was lost: %s; its block is cancelled", name, reason, extra={"event": "lock_lost", "lock": name})
 
@@ -76,8 +107,10 @@ class Release:
     """`try_lock`'s release: ``await release()`` frees the lock (idempotent; does nothing when the
     lock was not acquired). `lost` is set if the hold was lost before the release."""
 
-    def __init__(self, locks: Locks | None, name: str, token: str) -> None:
-        self._locks, self._name, self._token = locks, name, token
+    def __init__(self, locks: Locks | None, name: str, owner: str, token: int | None) -> None:
+        self._locks, self._name, self._owner = locks, name, owner
+        self.token = token
+        """This acquisition's fencing token (`HeldLock.token`); None when it was not acquired."""
         self.lost = trio.Event()
         self._stop = trio.CancelScope()
         self._done = locks is None
@@ -89,7 +122,7 @@ class Release:
         self._done = True
         self._stop.cancel()
         assert self._locks is not None
-        await self._locks._release(self._name, self._token)
+        await self._locks._release(self._name, self._owner)
 
 
 class Locks:
@@ -100,15 +133,16 @@ class Locks:
         self._store = store
         self._owner = owner
 
-    async def _acquire(self, name: str, token: str, ttl: float, timeout: float) -> float:
+    async def _acquire(self, name: str, owner: str, ttl: float, timeout: float) -> tuple[float, int]:
         """Take the lock within `timeout` (`LockTimeout`); returns when its hold ends (Trio clock,
-        `clock_margin` before the store's expiry)."""
+        `clock_margin` before the store's expiry) and its fencing token."""
         give_up = trio.current_time() + timeout
         delay = 0.05
         while True:
             sent = trio.current_time()
-            if await self._store.acquire_lock(name, token, ttl):
-                return sent + ttl - clock_margin(ttl)
+            token = await self._try(name, owner, ttl)
+            if token is not None:
+                return sent + ttl - clock_margin(ttl), token
             if trio.current_time() + delay > give_up:
                 raise LockTimeout(
                     f"lock {name!r} is held by another holder and was not freed within {timeout:g} s; "
@@ -117,10 +151,18 @@ class Locks:
             await trio.sleep(delay)
             delay = min(delay * 2, MAX_POLL, ttl / 3)
 
-    async def _release(self, name: str, token: str) -> None:
+    async def _try(self, name: str, owner: str, ttl: float) -> int | None:
+        answer = await self._store.acquire_lock(name, owner, ttl)
+        try:
+            return _fence(self._store, answer)
+        except ConfigError:
+            await self._release(name, owner)
+            raise
+
+    async def _release(self, name: str, owner: str) -> None:
         with trio.CancelScope(shield=True), trio.move_on_after(RELEASE_BOUND) as bound:
             try:
-                await self._store.release_lock(name, token)
+                await self._store.release_lock(name, owner)
             except Exception:
                 log.exception(
                     "releasing lock %r failed; it expires on its own",
@@ -136,7 +178,7 @@ class Locks:
             )
 
     async def _renew(
-        self, name: str, token: str, ttl: float, until: float, on_lost: Callable[[str], None],
+        self, name: str, owner: str, ttl: float, until: float, on_lost: Callable[[str], None],
         on_renewed: Callable[[float], None], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:  # fmt: skip
         """Renew every ttl/3 until cancelled, calling `on_renewed` with the hold's new end after each
@@ -152,7 +194,7 @@ class Locks:
                     return
                 with trio.move_on_at(until):
                     try:
-                        held = await self._store.renew_lock(name, token, ttl)
+                        held = await self._store.renew_lock(name, owner, ttl)
                     except Exception as exc:
                         log.warning(
                             "renewing lock %r failed (%s); retrying until it expires",
@@ -168,10 +210,10 @@ class Locks:
             on_renewed(until)
 
     @asynccontextmanager
-    async def hold(self, name: str, ttl: float, timeout: float) -> AsyncIterator[None]:
+    async def hold(self, name: str, ttl: float, timeout: float) -> AsyncIterator[HeldLock]:
         _check(name, ttl, timeout)
-        token = secrets.token_hex(16)
-        until = await self._acquire(name, token, ttl, timeout)
+        owner_id = secrets.token_hex(16)
+        until, token = await self._acquire(name, owner_id, ttl, timeout)
         why: list[str] = []
         try:
             try:
@@ -185,7 +227,7 @@ class Locks:
                     def renewed(new_until: float) -> None:
                         owner.cancel_scope.deadline = new_until
 
-                    await owner.start(self._renew, name, token, ttl, until, lost, renewed, name="renew")
+                    await owner.start(self._renew, name, owner_id, ttl, until, lost, renewed, name="renew")
                     owner.cancel_scope.deadline = until
                     if trio.current_time() >= until:
                         raise LockLost(
@@ -193,7 +235,7 @@ class Locks:
                             "expired; its block did not run"
                         )
                     try:
-                        yield
+                        yield HeldLock(name, token)
                     finally:
                         if owner.cancel_scope.cancel_called and not why:  # its deadline passed
                             why.append("it could not be renewed before it expired")
@@ -204,17 +246,18 @@ class Locks:
                     raise group.exceptions[0] from None
                 raise
         finally:
-            await self._release(name, token)
+            await self._release(name, owner_id)
         if why:
             raise LockLost(f"lock {name!r} was lost while held ({why[0]}); the block was cancelled at that point")
 
     async def try_lock(self, name: str, ttl: float) -> tuple[bool, Release]:
         _check(name, ttl)
-        token = secrets.token_hex(16)
+        owner_id = secrets.token_hex(16)
         sent = trio.current_time()
-        if not await self._store.acquire_lock(name, token, ttl):
-            return False, Release(None, name, token)
-        release = Release(self, name, token)
+        token = await self._try(name, owner_id, ttl)
+        if token is None:
+            return False, Release(None, name, owner_id, None)
+        release = Release(self, name, owner_id, token)
         owner = self._owner()
         if owner is None:  # no runtime task owner (it is shutting down): the lock lives its ttl
             return True, release
@@ -227,7 +270,7 @@ class Locks:
 
         async def renew(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             with release._stop:
-                await self._renew(name, token, ttl, sent + ttl - clock_margin(ttl), lost, _ignore, task_status=task_status)
+                await self._renew(name, owner_id, ttl, sent + ttl - clock_margin(ttl), lost, _ignore, task_status=task_status)
 
         await owner.start(renew, name=f"lock:{name}")
         return True, release

@@ -1,5 +1,6 @@
 """`rt.lock` and `rt.try_lock` on virtual time: bounded waits, renewal while held, release
-always, fencing when a renewal fails, and try_lock's release contract."""
+always, fencing when a renewal fails or the process froze, the fencing tokens the block gets,
+and try_lock's release contract."""
 
 from __future__ import annotations
 
@@ -144,7 +145,7 @@ async def test_a_lock_taken_over_after_expiry_cancels_the_old_block(autojump_clo
         original = backend.renew_lock
 
         async def slow_then_refused(name: str, owner: str, ttl: float) -> bool:
-            assert await backend.acquire_lock(name, "someone-else", ttl) is False  # still ours: refused
+            assert await backend.acquire_lock(name, "someone-else", ttl) is None  # still ours: refused
             backend._locks[name] = ("someone-else", backend.now() + ttl)  # expired and taken meanwhile
             return await original(name, owner, ttl)
 
@@ -190,6 +191,37 @@ async def test_try_lock_reports_a_lost_hold(autojump_clock: Any) -> None:
         with trio.fail_after(11):
             await release.lost.wait()
         await release()
+
+
+async def test_the_block_and_try_lock_get_each_acquisitions_fencing_token(autojump_clock: Any) -> None:
+    async with nj.open_runtime(nj.App()) as rt:
+        async with rt.lock("x") as first:
+            assert isinstance(first, nj.HeldLock) and first.name == "x"
+            not_acquired, nothing = await rt.try_lock("x")
+            assert not not_acquired and nothing.token is None
+        acquired, release = await rt.try_lock("x")
+        assert acquired and release.token is not None and release.token > first.token
+        await release()
+        async with rt.lock("x") as third:
+            assert third.token > release.token
+
+
+class _OldProtocol(nj.MemoryBackend):
+    """An out-of-tree backend written before fencing tokens: True where a token should be."""
+
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> Any:
+        return await super().acquire_lock(name, owner, ttl) is not None
+
+
+async def test_a_backend_that_answers_an_acquisition_without_a_token_is_a_config_error(autojump_clock: Any) -> None:
+    backend = _OldProtocol()
+    async with nj.open_runtime(nj.App(), backend=backend) as rt:
+        with pytest.raises(nj.ConfigError, match=r"_OldProtocol.acquire_lock returned True, not a fencing token"):
+            async with rt.lock("x"):
+                pytest.fail("held a lock without a token")
+        with pytest.raises(nj.ConfigError, match="not a fencing token"):
+            await rt.try_lock("x")
+    assert backend._locks == {}  # each acquisition it made was released
 
 
 @pytest.mark.parametrize(
