@@ -44,6 +44,7 @@ from .errors import (
 from .infra.threads import run_blocking
 from .jobs import BatchContext, BatchJob, Discard, Job, JobContext, JobError, JobId, JobState, Receipt, Resource, Resources, Snooze
 from .client import Client, QueueStats
+from .coordination.locks import HeldLock
 from .runtime import Runtime, open_runtime, publish, run
 from .services.periodic import PeriodicInfo
 
@@ -62,6 +63,7 @@ __all__ = [
     "Client",
     "ConfigError",
     "Discard",
+    "HeldLock",
     "Job",
     "JobContext",
     "JobError",

@@ -90,9 +90,10 @@ class LockTimeout(NurseryJobsError, TimeoutError):
 
 
 class LockLost(NurseryJobsError, RuntimeError):
-    """A lock held by `rt.lock` could not be renewed before it expired (the store was unreachable,
-    or the lock expired and another holder took it): the block was cancelled at that point, so
-    it never ran unlocked, and this is raised where the block ends."""
+    """A lock held by `rt.lock` could not be renewed before its hold ended (the store was
+    unreachable or slow, the process was frozen past its ttl, or the lock expired and another
+    holder took it): the block was cancelled at that point, and this is raised where the block
+    ends. What the block had already sent is fenced by its token (`HeldLock.token`)."""
 
 
 class ResourceError(NurseryJobsError, RuntimeError):

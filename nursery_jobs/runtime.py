@@ -71,7 +71,7 @@ from .backends import (
 )
 from .client import Client, QueueStats
 from .config import RuntimeSettings
-from .coordination.locks import Locks, Release
+from .coordination.locks import HeldLock, Locks, Release
 from .coordination.receipts import Receipts
 from .errors import ConfigError
 from .execution.attempt import AttemptRegistry, KindRunner
@@ -240,20 +240,24 @@ class Runtime(Client):
             raise ConfigError(f"the backend {self.backend.url!r} has no locks (it does not implement LockStore)")
         return self._locks
 
-    def lock(self, name: str, *, ttl: float = 30.0, timeout: float = 10.0) -> AbstractAsyncContextManager[None]:
-        """``async with rt.lock(name, ttl=30, timeout=10):`` holds the lock `name` across every
+    def lock(self, name: str, *, ttl: float = 30.0, timeout: float = 10.0) -> AbstractAsyncContextManager[HeldLock]:
+        """``async with rt.lock(name, ttl=30, timeout=10) as lock:`` holds the lock `name` across every
         process on the store for the block: waits up to `timeout` seconds for it (then
         `LockTimeout`; `timeout=0` tries once), renews it every ``ttl / 3``, releases it when
-        the block ends. If a renewal fails before the hold expires, the block is cancelled
-        there and `LockLost` is raised: it never runs unlocked. A crashed holder's lock frees
-        itself `ttl` seconds after its last renewal (docs/locks.md)."""
+        the block ends. The block's scope has the hold's end as its deadline (moved on by each
+        renewal the store confirmed, never past the store's expiry): past it, or when a
+        renewal is refused, the block is cancelled and `LockLost` is raised, even after the
+        process was frozen past its ttl. ``lock.token`` is the acquisition's fencing token, for
+        the block's writes elsewhere. A crashed holder's lock frees itself `ttl` seconds after
+        its last renewal (docs/locks.md)."""
         return self._lock_store().hold(name, ttl, timeout)
 
     async def try_lock(self, name: str, *, ttl: float = 30.0) -> tuple[bool, Release]:
         """``acquired, release = await rt.try_lock(name, ttl=30)``: one try, never waits. When
         acquired, the runtime renews the lock every ``ttl / 3`` until ``await release()``
         (idempotent, and safe to call when not acquired); a lost hold is logged and sets
-        `release.lost` (there is no block to cancel: use `rt.lock(name, timeout=0)` for that)."""
+        `release.lost` (there is no block to cancel: use `rt.lock(name, timeout=0)` for that).
+        ``release.token`` is the acquisition's fencing token (None when not acquired)."""
         return await self._lock_store().try_lock(name, ttl)
 
     async def periodic(self) -> list[PeriodicInfo]:

@@ -214,6 +214,8 @@ class MemoryBackend:
         they count toward its length already, as a durable backend's would under its lock."""
         self._schedules: dict[str, ScheduleState] = {}
         self._locks: dict[str, tuple[str, float]] = {}
+        self._lock_fence = 0
+        """The last fencing token handed out, for every lock name (`acquire_lock`)."""
         self._wall_offset: float | None = None
         """Trio time minus Unix time, read once (`wall_offset`): the one mapping of wall-clock
         `run_at`s onto this backend's clock, shared by every runtime on this instance."""
@@ -236,13 +238,14 @@ class MemoryBackend:
 
     # -- LockStore --
 
-    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> int | None:
         now = self.now()
         held = self._locks.get(name)
         if held is not None and held[0] != owner and held[1] > now:
-            return False
+            return None
         self._locks[name] = (owner, now + ttl)
-        return True
+        self._lock_fence += 1
+        return self._lock_fence
 
     async def renew_lock(self, name: str, owner: str, ttl: float) -> bool:
         now = self.now()

@@ -444,9 +444,11 @@ class PostgresBackend:
         # The id sequence the migration's bigserial made (a literal: resolved once, when the
         # statement is parsed, not per row).
         seq = sql.Literal(f'"{schema}".jobs_id_seq')
+        fences = sql.Literal(f'"{schema}".lock_fences')
         # Rendered once: psycopg would compose a `sql.Composed` again on every call.
         self._q = {
-            name: q.format(s=ident, seq=seq, schema_text=sql.Literal(schema)).as_bytes(None) for name, q in _QUERIES.items()
+            name: q.format(s=ident, seq=seq, fences=fences, schema_text=sql.Literal(schema)).as_bytes(None)
+            for name, q in _QUERIES.items()
         }
 
     def __repr__(self) -> str:
@@ -1080,10 +1082,11 @@ class PostgresBackend:
 
     # -- LockStore --
 
-    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> int | None:
         now = self.now()
         q = self._q["acquire_lock"]
-        return await self._run(lambda c: _one(c, q, (name, owner, now + ttl, now)), retry=False) is not None
+        row = await self._run(lambda c: _one(c, q, (name, owner, now + ttl, now)), retry=False)
+        return None if row is None else int(row[0])
 
     async def renew_lock(self, name: str, owner: str, ttl: float) -> bool:
         now = self.now()
@@ -1857,11 +1860,13 @@ _QUERIES: dict[str, sql.SQL] = {
         " SET last_tick = EXCLUDED.last_tick, last_job_id = NULL WHERE sch.last_tick < EXCLUDED.last_tick"
         " RETURNING name"
     ),
-    # Locks (migration 0008): a row per held lock, taken when free, expired or already ours.
+    # Locks (migration 0008): a row per held lock, taken when free, expired or already ours. The
+    # fencing token (migration 0019) is drawn in RETURNING, once the row is ours: an acquisition
+    # that follows another (which it waited for, or whose row it found gone) draws a larger one.
     "acquire_lock": sql.SQL(
         "INSERT INTO {s}.locks AS l (name, owner, expires_at) VALUES (%s, %s, %s) ON CONFLICT (name) DO UPDATE"
         " SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at"
-        " WHERE l.owner = EXCLUDED.owner OR l.expires_at <= %s RETURNING name"
+        " WHERE l.owner = EXCLUDED.owner OR l.expires_at <= %s RETURNING nextval({fences})"
     ),
     "renew_lock": sql.SQL(
         "UPDATE {s}.locks SET expires_at = %s WHERE name = %s AND owner = %s AND expires_at > %s RETURNING name"

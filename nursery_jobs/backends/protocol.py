@@ -20,7 +20,8 @@ Capabilities:
   has a transaction of its own).
 - `Outbox`: events published in a transaction (or outside one) and relayed into jobs by
   claiming rows (`publish_tx`, `publish`, `relay`): memory, SQLite, PostgreSQL.
-- `LockStore`: named locks with an owner token and an expiry (`rt.lock`, `rt.try_lock`).
+- `LockStore`: named locks with an owner token, an expiry and a fencing token per acquisition
+  (`rt.lock`, `rt.try_lock`).
 - `ScheduleStore`: periodic schedules' last ticks, and a tick's job enqueued exactly once
   across processes (a conditional update of the schedule's row, in the insert's transaction).
 - Per-key and per-queue concurrency limits are part of `claim` (a job carries its key and
@@ -499,10 +500,13 @@ class LockStore(Protocol):
     clock (`now()`), so a crashed holder's lock frees itself after its ttl, whatever happened to
     its connections. Every method is one short statement; none waits for a lock to be free."""
 
-    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> int | None:
         """Hold `name` for `owner` until ``now() + ttl`` if it is free, expired, or `owner`'s
-        already (then extended); True if `owner` holds it now. Of concurrent calls (any process)
-        for a free lock, exactly one returns True."""
+        already (then extended). Returns this acquisition's fencing token, or None when another
+        holds the lock. A token is an int >= 1, larger than the token of every acquisition of
+        `name` that took the lock before this one, whatever happened between them (releases,
+        expiries, restarts of any process; one counter for every name will do). Of concurrent
+        calls (any process) for a free lock, exactly one returns a token."""
         ...
 
     async def renew_lock(self, name: str, owner: str, ttl: float) -> bool:

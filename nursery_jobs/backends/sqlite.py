@@ -159,6 +159,9 @@ CREATE INDEX IF NOT EXISTS nj_outbox_topic ON nj_outbox (topic, id);
 CREATE TABLE IF NOT EXISTS nj_schedules (name TEXT PRIMARY KEY, last_tick REAL NOT NULL, last_job_id INTEGER);
 -- Named locks (rt.lock): the holder's token and its expiry on the backend's clock.
 CREATE TABLE IF NOT EXISTS nj_locks (name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_at REAL NOT NULL);
+-- The last fencing token an acquisition of a lock drew, for every name: one row, never deleted
+-- (created on a file of an older version too: IF NOT EXISTS, no schema version change).
+CREATE TABLE IF NOT EXISTS nj_lock_fence (id INTEGER PRIMARY KEY CHECK (id = 0), last INTEGER NOT NULL);
 -- Rate keys: each one's latest starts (a JSON array, ascending, at most `cap`), the largest
 -- limit and window its jobs carried, and its latest start; retention drops idle keys.
 CREATE TABLE IF NOT EXISTS nj_rate (
@@ -1580,10 +1583,10 @@ class SqliteBackend:
 
     # -- LockStore --
 
-    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> int | None:
         now = self.now()
 
-        def body(conn: sqlite3.Connection) -> bool:
+        def body(conn: sqlite3.Connection) -> int | None:
             # An expiry that is not a number (written by someone else) counts as expired.
             row = conn.execute(
                 "INSERT INTO nj_locks (name, owner, expires_at) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE"
@@ -1592,10 +1595,17 @@ class SqliteBackend:
                 " OR nj_locks.expires_at <= ? RETURNING name",
                 (name, owner, now + ttl, now),
             ).fetchone()
-            return row is not None
+            if row is None:
+                return None
+            # Drawn under the same write lock: every acquisition after this one draws a larger token.
+            (fence,) = conn.execute(
+                "INSERT INTO nj_lock_fence (id, last) VALUES (0, 1)"
+                " ON CONFLICT (id) DO UPDATE SET last = nj_lock_fence.last + 1 RETURNING last"
+            ).fetchone()
+            return int(fence)
 
-        held: bool = await self._call(self._tx, body)
-        return held
+        fence: int | None = await self._call(self._tx, body)
+        return fence
 
     async def renew_lock(self, name: str, owner: str, ttl: float) -> bool:
         now = self.now()

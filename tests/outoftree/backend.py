@@ -140,7 +140,7 @@ class DelegatingBackend:
         assert isinstance(self.inner, LockStore), f"{self.url}: the inner backend has no locks"
         return self.inner
 
-    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> int | None:
         await self._step()
         return await self._lock_store().acquire_lock(name, owner, ttl)
 

@@ -37,7 +37,10 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs._context",
         "nursery_jobs.backends", "nursery_jobs.app", "nursery_jobs.execution",
     ),
-    "nursery_jobs.coordination": ("nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.backends", "nursery_jobs.coordination"),
+    "nursery_jobs.coordination": (
+        "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.backends",
+        "nursery_jobs.coordination",
+    ),
     "nursery_jobs.services": (
         "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.backends",
         "nursery_jobs.app", "nursery_jobs.execution.attempt", "nursery_jobs.services",

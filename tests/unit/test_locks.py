@@ -1,5 +1,6 @@
 """`rt.lock` and `rt.try_lock` on virtual time: bounded waits, renewal while held, release
-always, fencing when a renewal fails, and try_lock's release contract."""
+always, fencing when a renewal fails or the process froze, the fencing tokens the block gets,
+and try_lock's release contract."""
 
 from __future__ import annotations
 
@@ -92,6 +93,51 @@ async def test_a_lock_whose_renewal_fails_cancels_its_block_before_it_expires(au
         backend.renew_ok = True
 
 
+async def test_a_holder_frozen_past_its_hold_takes_no_step_after_it_whichever_task_runs_first(autojump_clock: Any) -> None:
+    """The process freezes (the clock jumps while every task waits): when it resumes, the block's
+    sleep and the renewal's are due together, and Trio may run either first. The block's scope
+    is cancelled by its own deadline, so the block takes no step."""
+    late: list[int] = []
+    async with nj.open_runtime(nj.App()) as rt:
+        for attempt in range(20):
+            resumed: list[float] = []
+            steps: list[float] = []
+
+            async def hold() -> None:
+                with pytest.raises(nj.LockLost, match="could not be renewed before it expired"):
+                    async with rt.lock("x", ttl=30):
+                        while True:
+                            await trio.sleep(1)
+                            steps.append(trio.current_time())
+
+            async def freeze() -> None:
+                await trio.sleep(5.5)
+                autojump_clock.jump(60)  # no task runs meanwhile: a SIGSTOP, a stalled VM
+                resumed.append(trio.current_time())
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(hold)
+                nursery.start_soon(freeze)
+            if any(t >= resumed[0] for t in steps):
+                late.append(attempt)
+    assert not late, f"the block took a step after its hold expired in attempts {late}"
+
+
+async def test_a_hold_confirmed_after_it_expired_does_not_run_the_block(autojump_clock: Any) -> None:
+    class _SlowAcquire(nj.MemoryBackend):
+        async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+            held = await super().acquire_lock(name, owner, ttl)
+            await trio.sleep(ttl)  # the answer arrives after the hold has ended
+            return held
+
+    backend = _SlowAcquire()
+    async with nj.open_runtime(nj.App(), backend=backend) as rt:
+        with pytest.raises(nj.LockLost, match="its block did not run"):
+            async with rt.lock("x", ttl=10):
+                pytest.fail("the block ran after its hold had expired")
+        assert "x" not in backend._locks  # released
+
+
 async def test_a_lock_taken_over_after_expiry_cancels_the_old_block(autojump_clock: Any) -> None:
     """A holder whose loop was stuck past its ttl finds the lock another's: cancelled, LockLost."""
     backend = nj.MemoryBackend()
@@ -99,7 +145,7 @@ async def test_a_lock_taken_over_after_expiry_cancels_the_old_block(autojump_clo
         original = backend.renew_lock
 
         async def slow_then_refused(name: str, owner: str, ttl: float) -> bool:
-            assert await backend.acquire_lock(name, "someone-else", ttl) is False  # still ours: refused
+            assert await backend.acquire_lock(name, "someone-else", ttl) is None  # still ours: refused
             backend._locks[name] = ("someone-else", backend.now() + ttl)  # expired and taken meanwhile
             return await original(name, owner, ttl)
 
@@ -145,6 +191,37 @@ async def test_try_lock_reports_a_lost_hold(autojump_clock: Any) -> None:
         with trio.fail_after(11):
             await release.lost.wait()
         await release()
+
+
+async def test_the_block_and_try_lock_get_each_acquisitions_fencing_token(autojump_clock: Any) -> None:
+    async with nj.open_runtime(nj.App()) as rt:
+        async with rt.lock("x") as first:
+            assert isinstance(first, nj.HeldLock) and first.name == "x"
+            not_acquired, nothing = await rt.try_lock("x")
+            assert not not_acquired and nothing.token is None
+        acquired, release = await rt.try_lock("x")
+        assert acquired and release.token is not None and release.token > first.token
+        await release()
+        async with rt.lock("x") as third:
+            assert third.token > release.token
+
+
+class _OldProtocol(nj.MemoryBackend):
+    """An out-of-tree backend written before fencing tokens: True where a token should be."""
+
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> Any:
+        return await super().acquire_lock(name, owner, ttl) is not None
+
+
+async def test_a_backend_that_answers_an_acquisition_without_a_token_is_a_config_error(autojump_clock: Any) -> None:
+    backend = _OldProtocol()
+    async with nj.open_runtime(nj.App(), backend=backend) as rt:
+        with pytest.raises(nj.ConfigError, match=r"_OldProtocol.acquire_lock returned True, not a fencing token"):
+            async with rt.lock("x"):
+                pytest.fail("held a lock without a token")
+        with pytest.raises(nj.ConfigError, match="not a fencing token"):
+            await rt.try_lock("x")
+    assert backend._locks == {}  # each acquisition it made was released
 
 
 @pytest.mark.parametrize(

@@ -129,3 +129,26 @@ async def test_an_older_file_is_upgraded_and_its_keyed_jobs_run_in_order(tmp_pat
     assert {"nj_jobs_claimable", "nj_jobs_parked"} <= indexes and "nj_jobs_claim" not in indexes
     old = ids[-1] + 1  # the unkeyed job the older file held, rescued with the first one
     assert first == [ids[0], old] and passed == [] and second == [ids[1], old]
+
+
+async def test_a_file_made_before_fencing_tokens_gets_them_when_opened(tmp_path, autojump_clock) -> None:
+    """`nj_lock_fence` is created with the other tables (IF NOT EXISTS, no version change): a
+    file an older version made, its lock held, draws tokens from 1 once opened."""
+    path = str(tmp_path / "jobs.db")
+    backend = SqliteBackend(path, clock=trio.current_time)
+    await backend.open()
+    await backend.close()
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE nj_lock_fence")
+    conn.execute("INSERT INTO nj_locks (name, owner, expires_at) VALUES ('held', 'an-older-runtime', 1e18)")
+    conn.commit()
+    conn.close()
+
+    backend = SqliteBackend(path, clock=trio.current_time)
+    await backend.open()
+    try:
+        assert await backend.acquire_lock("held", "me", 30) is None
+        assert await backend.acquire_lock("free", "me", 30) == 1
+        assert await backend.acquire_lock("free", "me", 30) == 2
+    finally:
+        await backend.close()
