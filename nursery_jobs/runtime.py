@@ -54,7 +54,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence, T
 import attrs
 import trio
 
-from ._context import culprit_of, current_enqueuer, current_resources, get_enqueuer
+from ._context import culprit_of, current_attempt, current_enqueuer, current_resources, get_enqueuer
 from .app import App
 from .backends import (
     Backend,
@@ -69,7 +69,7 @@ from .backends import (
     ScheduleStore,
     open_backend,
 )
-from .client import Client, QueueStats
+from .client import REFUSED_OUTSIDE, Client, QueueStats
 from .config import RuntimeSettings
 from .coordination.locks import Locks, Release
 from .coordination.receipts import Receipts
@@ -234,6 +234,24 @@ class Runtime(Client):
         self.closing = True
         for executor in self.executors.values():
             executor.stop_claiming()
+
+    def _refusal(self) -> str | None:
+        """Once shutdown began, a running attempt of this runtime may still add work (its task,
+        its `ctx.children()` tasks), through the grace and its unwind: it is what the grace is
+        for. Anything else is refused: code outside every job, and job code whose attempt is
+        not running here (it ended, or is another runtime's)."""
+        attempt = current_attempt.get()
+        if attempt is None:
+            return REFUSED_OUTSIDE
+        if self.attempts.holds(attempt):
+            return None
+        job = attempt.job
+        return (
+            f"the runtime is shutting down, and this call comes from the code of job {job.id} ({job.kind}) "
+            "whose attempt has ended (in a task that outlived it: start tasks with ctx.children(), which "
+            "the attempt waits for), or runs under another runtime; once shutdown began only a running "
+            "attempt may add work: enqueue before the handler returns"
+        )
 
     def _lock_store(self) -> Locks:
         if self._locks is None:
