@@ -493,6 +493,7 @@ async def open_runtime(
                 with trio.CancelScope(shield=True), trio.move_on_at(close_by or trio.current_time() + settings.flush_bound):
                     await be.close()
     finally:
+        rt.threads.closed = True  # a task that outlived the runtime starts no thread
         current_budget.reset(budget_token)
         current_enqueuer.reset(token)
     if rt._exit is not None:
