@@ -35,7 +35,8 @@ class Enqueuer(Protocol):
         ...
 
     async def insert(self, jobs: Sequence[NewJob]) -> list[JobId]:
-        """Store `jobs` (cancel-atomic; `RuntimeClosed` once shutdown began)."""
+        """Store `jobs` (cancel-atomic; `RuntimeClosed` once shutdown began, but for a running
+        attempt)."""
         ...
 
     async def insert_tx(self, conn: Any, jobs: Sequence[NewJob]) -> list[JobId]:

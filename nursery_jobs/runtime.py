@@ -13,7 +13,9 @@ the periodic scheduler -> the outbox relay -> one executor per queue -> user cod
 Shutdown reverses it, and every step is bounded:
 
 1. stop the outbox relay (its pass in flight rolls back, its rows stay) and the periodic
-   scheduler, refuse new enqueues (`RuntimeClosed`) and stop claiming: fetchers stop, idle
+   scheduler, refuse new enqueues (`RuntimeClosed`) from all but the running attempts
+   (`Runtime._refusal`: they may add work through their grace and their unwind, and the
+   backend stays open until the last of them has ended) and stop claiming: fetchers stop, idle
    workers exit;
 2. wait up to `grace` seconds for running attempts to finish on their own;
 3. cancel what is still running, with the reason "shutdown": those attempts are *interrupted*,
@@ -374,7 +376,8 @@ async def publish(conn: Any, topic: str, payload: Any) -> None:
     or a `sqlite3.Connection` to the backend's file (memory has only ``rt.transaction()``; or
     use ``rt.publish(topic, payload)`` outside a transaction). `payload`: a JSON value held to
     the rules of job args (`ArgsError`). Raises ConfigError for a bad topic or a connection the
-    backend cannot use, RuntimeClosed outside a runtime or once shutdown began."""
+    backend cannot use, RuntimeClosed outside a runtime or once shutdown began (except in a
+    running job's code)."""
     client = get_enqueuer("nj.publish()")
     if not isinstance(client, Client):
         raise ConfigError(f"nj.publish() needs the runtime's client in this context, not {client!r}")
