@@ -1,6 +1,6 @@
-"""The context's client, resources and job: for `JobKind.enqueue`, for `ctx.client` and
-`ctx.resources`, and for the blocked-loop watchdog, which asks which job a task's step belonged
-to.
+"""The context's client, resources and attempt: for `JobKind.enqueue`, for `ctx.client` and
+`ctx.resources`, for the client, which lets a running attempt add work during the shutdown, and
+for the blocked-loop watchdog, which asks which job a task's step belonged to.
 
 ContextVars only, and the small protocol the client meets (`Enqueuer`), so that this bottom
 module never imports the layers that set them.
@@ -35,7 +35,8 @@ class Enqueuer(Protocol):
         ...
 
     async def insert(self, jobs: Sequence[NewJob]) -> list[JobId]:
-        """Store `jobs` (cancel-atomic; `RuntimeClosed` once shutdown began)."""
+        """Store `jobs` (cancel-atomic; `RuntimeClosed` once shutdown began, but for a running
+        attempt)."""
         ...
 
     async def insert_tx(self, conn: Any, jobs: Sequence[NewJob]) -> list[JobId]:
@@ -65,8 +66,19 @@ current_resources: contextvars.ContextVar[Resources] = contextvars.ContextVar(
 queue starts, so every worker and job inherits it)."""
 
 
-current_job_id: contextvars.ContextVar[int | None] = contextvars.ContextVar("nursery_jobs.current_job_id", default=None)
-"""The id of the job whose attempt this task belongs to (children inherit it)."""
+class RunningAttempt(Protocol):
+    """What the context knows of the attempt a task's code belongs to."""
+
+    @property
+    def job(self) -> ClaimedJob: ...
+
+
+current_attempt: contextvars.ContextVar[RunningAttempt | None] = contextvars.ContextVar(
+    "nursery_jobs.current_attempt", default=None
+)
+"""The attempt (or batch) whose code this task runs (children inherit it, and so does a task
+started from it anywhere else). The object, not its job's id: whether the attempt still runs,
+and in which runtime, is the registry's answer for that object (`Runtime._refusal`)."""
 
 current_worker_box: contextvars.ContextVar[Mailbox[ClaimedJob] | None] = contextvars.ContextVar(
     "nursery_jobs.current_worker_box", default=None
@@ -77,12 +89,12 @@ current_worker_box: contextvars.ContextVar[Mailbox[ClaimedJob] | None] = context
 def culprit_of(task: trio.lowlevel.Task) -> Culprit | None:
     """The job whose code `task` ran in its last step, for the blocked-loop watchdog.
 
-    `current_job_id` alone is not enough: a handler that blocks and then returns without another
-    await ends its attempt in the same step, and the worker resets the id before the step ends.
+    `current_attempt` alone is not enough: a handler that blocks and then returns without another
+    await ends its attempt in the same step, and the worker resets it before the step ends.
     A worker's step never spans two jobs (after an attempt the worker parks before it takes the
     next), so the job its mailbox delivered last is the one that ran. A child task of
-    `ctx.children()` inherits both variables; its job id and the mailbox's job agree while the
-    attempt runs, and a task whose job id disagrees (one that escaped its attempt) is not
+    `ctx.children()` inherits both variables; its attempt's job and the mailbox's job agree while the
+    attempt runs, and a task whose attempt's job disagrees (one that escaped its attempt) is not
     attributed.
     """
     context = task.context
@@ -92,10 +104,10 @@ def culprit_of(task: trio.lowlevel.Task) -> Culprit | None:
     job = box.last
     if job is None:
         return None
-    running = context.get(current_job_id)
+    running = context.get(current_attempt)
     if running is None:
         return Culprit(job.id, job.kind, job.queue, ended=True)
-    if running != job.id:
+    if running.job.id != job.id:
         return None
     parent = task.parent_nursery.parent_task if task.parent_nursery is not None else None
     in_child = parent is not None and parent.context.get(current_worker_box) is box

@@ -32,6 +32,14 @@ from .jobs import Job, JobId, JobState, Receipt, _ExistingJobId, check_job_id, e
 
 __all__ = ["Client", "QueueStats"]
 
+REFUSED_OUTSIDE = (
+    "the runtime is shutting down and accepts no new jobs from outside its running jobs: enqueue before "
+    "shutdown begins, or from the next run of the service (a server in main whose requests enqueue runs "
+    "under nj.run(..., main_grace=...), which keeps the runtime open for them until main returns)"
+)
+"""`RuntimeClosed`'s text for a call from code that is not a running job (a request handler,
+main), once shutdown began."""
+
 
 @attrs.frozen
 class QueueStats:
@@ -95,7 +103,8 @@ class Client:
 
     @property
     def closing(self) -> bool:
-        """True once shutdown began: no new job is accepted."""
+        """True once shutdown began: no new job is accepted, except from the code whose time is
+        not up (`_refusal`)."""
         return self._closing
 
     @closing.setter
@@ -128,10 +137,15 @@ class Client:
 
     def _check_open(self) -> None:
         if self.closing:
-            raise RuntimeClosed(
-                "the runtime is shutting down and accepts no new jobs; enqueue before shutdown "
-                "begins, or from the next run of the service"
-            )
+            refused = self._refusal()
+            if refused is not None:
+                raise RuntimeClosed(refused)
+
+    def _refusal(self) -> str | None:
+        """Once shutdown began: why the calling code may not add work (enqueue, publish, open a
+        transaction), or None when it may, because its time is not up. A client runs no job, so
+        every caller is outside one; `Runtime` lets its running attempts through."""
+        return REFUSED_OUTSIDE
 
     def _kind(self, kind: str | JobKind[Any, Any]) -> JobKind[Any, Any]:
         return kind if isinstance(kind, JobKind) else self.app.kind(kind)
@@ -178,8 +192,9 @@ class Client:
         `push_timeout` has passed (the longest of the batch's queues), then raise `QueueFull`
         saying what to do. A poll is skipped when another enqueue of this process found the queue
         full within this one's poll delay (`_full_at`); an enqueue that finds room wakes the
-        others. Shutdown ends the wait at once (`RuntimeClosed`). Nothing is enqueued unless the
-        call returns."""
+        others. Shutdown ends the wait at once (`RuntimeClosed`), unless the caller is a running
+        job: it may still enqueue, so it waits on (bounded by push_timeout, and cut with its
+        attempt). Nothing is enqueued unless the call returns."""
         timeout = max(self.app.queues[queue].push_timeout for queue in bounds)
         deadline = trio.current_time() + timeout
         delay, longest = PUSH_POLL
@@ -215,10 +230,11 @@ class Client:
                     await waker.wait()
             finally:
                 self._room_waiters.discard(waker)
-            if self.closing:
+            if self.closing and self._refusal() is not None:
                 raise RuntimeClosed(
                     f"the runtime began shutting down while this enqueue waited for room in queue "
-                    f"{full.queue!r} (max_length {full.max_length}); nothing was enqueued"
+                    f"{full.queue!r} (max_length {full.max_length}); nothing was enqueued. Only a running job "
+                    "may still enqueue (docs/shutdown.md): enqueue from the next run of the service"
                 ) from None
             delay = min(delay * 2, longest)
 
@@ -240,8 +256,9 @@ class Client:
         backend; naive is a `ConfigError`) schedule it for later; higher `priority`
         runs first (default: the kind's); with `unique_key`, while a job with that key is not
         final, the existing job's id is returned and no job is added. Raises UnknownJob,
-        ArgsError, ConfigError, or RuntimeClosed once shutdown began. Cancel-atomic: if the
-        caller is cancelled, the job was not enqueued.
+        ArgsError, ConfigError, or RuntimeClosed once shutdown began (except in a running
+        job's code: docs/shutdown.md). Cancel-atomic: if the caller is cancelled, the job was
+        not enqueued.
         """
         job_kind = self._kind(kind)
         opts = EnqueueOptions(delay=delay, run_at=run_at, priority=priority, unique_key=unique_key)
@@ -333,7 +350,8 @@ class Client:
         file's transaction connection, whose calls run on a thread (``await conn.execute(...)``),
         one transaction at a time (SQLite has one writer). Memory: a transaction whose enqueues
         appear at commit and vanish on rollback (it runs no SQL). Waiting for the connection is
-        bounded (`BackendUnavailable` says how long); RuntimeClosed once shutdown began.
+        bounded (`BackendUnavailable` says how long); RuntimeClosed once shutdown began
+        (except in a running job's code: docs/shutdown.md).
         """
         backend = self._transactional("rt.transaction()")
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -357,7 +375,8 @@ class Client:
 
         `payload`: a JSON value, held to the rules of job args (`ArgsError`); it becomes the
         subscribers' keyword arguments (or goes through their `args=` mapping). `topic`: a name
-        like a queue's (`ConfigError`). Raises RuntimeClosed once shutdown began."""
+        like a queue's (`ConfigError`). Raises RuntimeClosed once shutdown began (except in a
+        running job's code)."""
         backend = self._outbox("rt.publish")
         event = (check_name("topic", topic), encode_payload(payload))
         await trio.lowlevel.checkpoint_if_cancelled()

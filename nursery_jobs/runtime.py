@@ -13,7 +13,9 @@ the periodic scheduler -> the outbox relay -> one executor per queue -> user cod
 Shutdown reverses it, and every step is bounded:
 
 1. stop the outbox relay (its pass in flight rolls back, its rows stay) and the periodic
-   scheduler, refuse new enqueues (`RuntimeClosed`) and stop claiming: fetchers stop, idle
+   scheduler, refuse new enqueues (`RuntimeClosed`) from all but the running attempts
+   (`Runtime._refusal`: they may add work through their grace and their unwind, and the
+   backend stays open until the last of them has ended) and stop claiming: fetchers stop, idle
    workers exit;
 2. wait up to `grace` seconds for running attempts to finish on their own;
 3. cancel what is still running, with the reason "shutdown": those attempts are *interrupted*,
@@ -54,7 +56,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence, T
 import attrs
 import trio
 
-from ._context import culprit_of, current_enqueuer, current_resources, get_enqueuer
+from ._context import culprit_of, current_attempt, current_enqueuer, current_resources, get_enqueuer
 from .app import App
 from .backends import (
     Backend,
@@ -69,7 +71,7 @@ from .backends import (
     ScheduleStore,
     open_backend,
 )
-from .client import Client, QueueStats
+from .client import REFUSED_OUTSIDE, Client, QueueStats
 from .config import RuntimeSettings
 from .coordination.locks import HeldLock, Locks, Release
 from .coordination.receipts import Receipts
@@ -235,6 +237,24 @@ class Runtime(Client):
         for executor in self.executors.values():
             executor.stop_claiming()
 
+    def _refusal(self) -> str | None:
+        """Once shutdown began, a running attempt of this runtime may still add work (its task,
+        its `ctx.children()` tasks), through the grace and its unwind: it is what the grace is
+        for. Anything else is refused: code outside every job, and job code whose attempt is
+        not running here (it ended, or is another runtime's)."""
+        attempt = current_attempt.get()
+        if attempt is None:
+            return REFUSED_OUTSIDE
+        if self.attempts.holds(attempt):
+            return None
+        job = attempt.job
+        return (
+            f"the runtime is shutting down, and this call comes from the code of job {job.id} ({job.kind}) "
+            "whose attempt has ended (in a task that outlived it: start tasks with ctx.children(), which "
+            "the attempt waits for), or runs under another runtime; once shutdown began only a running "
+            "attempt may add work: enqueue before the handler returns"
+        )
+
     def _lock_store(self) -> Locks:
         if self._locks is None:
             raise ConfigError(f"the backend {self.backend.url!r} has no locks (it does not implement LockStore)")
@@ -360,7 +380,8 @@ async def publish(conn: Any, topic: str, payload: Any) -> None:
     or a `sqlite3.Connection` to the backend's file (memory has only ``rt.transaction()``; or
     use ``rt.publish(topic, payload)`` outside a transaction). `payload`: a JSON value held to
     the rules of job args (`ArgsError`). Raises ConfigError for a bad topic or a connection the
-    backend cannot use, RuntimeClosed outside a runtime or once shutdown began."""
+    backend cannot use, RuntimeClosed outside a runtime or once shutdown began (except in a
+    running job's code)."""
     client = get_enqueuer("nj.publish()")
     if not isinstance(client, Client):
         raise ConfigError(f"nj.publish() needs the runtime's client in this context, not {client!r}")
@@ -479,6 +500,7 @@ async def open_runtime(
                 with trio.CancelScope(shield=True), trio.move_on_at(close_by or trio.current_time() + settings.flush_bound):
                     await be.close()
     finally:
+        rt.threads.closed = True  # a task that outlived the runtime starts no thread
         current_budget.reset(budget_token)
         current_enqueuer.reset(token)
     if rt._exit is not None:

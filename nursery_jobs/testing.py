@@ -42,7 +42,7 @@ from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
 import trio
 
-from ._context import current_enqueuer, current_job_id
+from ._context import current_attempt, current_enqueuer
 from .app import App, JobKind
 from .backends import Backend, BackendEvent, NewJob
 from .errors import ConfigError, DrainIncomplete, JobNotFound, NotIdempotent
@@ -382,9 +382,10 @@ class _Probe(trio.abc.Instrument):
         self.done = False
 
     def _ours(self, task: trio.lowlevel.Task) -> bool:
-        job_id = task.context.get(current_job_id)
-        if job_id is None:
+        running = task.context.get(current_attempt)
+        if running is None:
             return False
+        job_id = running.job.id
         attempt = self.rt.attempts.get(job_id)
         if self.task is None:
             if attempt is None or attempt.job.kind != self.kind or attempt.job.attempt != 1 or job_id in self.old:

@@ -223,6 +223,15 @@ class AttemptRegistry:
         if self._by_id.get(attempt.job.id) is attempt:
             del self._by_id[attempt.job.id]
 
+    def holds(self, attempt: object) -> bool:
+        """Whether `attempt` (an `Attempt` or a `Batch`, as `current_attempt` has it) runs in
+        this registry now: from its start until its handler has returned or unwound. By
+        identity, so an attempt that ended, lost its job to a later claim, or runs under another
+        runtime is not held, whatever its job's id."""
+        if isinstance(attempt, Batch):
+            return any(self._by_id.get(m.job.id) is m for m in attempt.members)
+        return isinstance(attempt, Attempt) and self._by_id.get(attempt.job.id) is attempt
+
     def cancel(self, reason: str, queue: str | None = None) -> None:
         for attempt in list(self._by_id.values()):
             if queue is None or attempt.queue == queue:

@@ -73,7 +73,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 import trio
 
-from .._context import current_job_id, current_worker_box
+from .._context import current_attempt, current_worker_box
 from ..backends import Backend, ClaimedJob, ClaimResult, Outcome, OutcomeKind
 from ..config import QueueConfig
 from ..errors import ArgsError
@@ -531,7 +531,7 @@ class QueueExecutor:
                             running = True
                             while True:
                                 ctx = JobContext(args, deadline, attempt)
-                                token = current_job_id.set(job.id)
+                                token = current_attempt.set(attempt)
                                 try:
                                     await runner.call(ctx, args)
                                 except Exception as exc:
@@ -545,7 +545,7 @@ class QueueExecutor:
                                         raise cut[0] from None  # and the cancellation goes on
                                     error = exc  # sys.exit() or KeyboardInterrupt in the handler
                                 finally:
-                                    current_job_id.reset(token)
+                                    current_attempt.reset(token)
                                     attempts.end(attempt)
                                     ended = clock()
                                     if prefetch:  # every attempt counts, a cut one too (`_ahead`)
@@ -765,7 +765,7 @@ class QueueExecutor:
         assert scope is not None  # a batch has its scope from the start
         scope.deadline = deadline
         ctx = BatchContext(jobs, deadline, batch)
-        token = current_job_id.set(batch.job.id)
+        token = current_attempt.set(batch)
         error: BaseException | None = None
         returned: Any = None
         try:
@@ -788,7 +788,7 @@ class QueueExecutor:
                     self._push(Outcome(member.job.id, member.job.attempt, OutcomeKind.INTERRUPTED))
             raise
         finally:
-            current_job_id.reset(token)
+            current_attempt.reset(token)
             for member in running:
                 attempts.end(member)
         duration = clock() - started

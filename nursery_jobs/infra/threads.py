@@ -27,13 +27,15 @@ T = TypeVar("T")
 
 
 class ThreadBudget:
-    """At most `limit` `run_blocking` threads at once, and how many run now."""
+    """At most `limit` `run_blocking` threads at once, and how many run now; `closed` once its
+    runtime has ended."""
 
-    __slots__ = ("in_flight", "limiter")
+    __slots__ = ("closed", "in_flight", "limiter")
 
     def __init__(self, limit: int) -> None:
         self.limiter = trio.CapacityLimiter(limit)
         self.in_flight = 0
+        self.closed = False
 
 
 current_budget: contextvars.ContextVar[ThreadBudget | None] = contextvars.ContextVar(
@@ -44,13 +46,22 @@ current_budget: contextvars.ContextVar[ThreadBudget | None] = contextvars.Contex
 async def run_blocking(fn: Callable[..., T], *args: Any) -> T:
     """Run ``fn(*args)`` on a thread under the runtime's limiter and return its result.
 
-    Raises `RuntimeClosed` outside a runtime; re-raises whatever `fn` raises.
+    The shutdown does not refuse it: the code still running then (an attempt in its grace or
+    its unwind, main winding down) may need it for its cleanup, and it adds no work. Raises
+    `RuntimeClosed` outside a runtime, and after the runtime ended (in a task that outlived it:
+    its thread would outlive the runtime); re-raises whatever `fn` raises.
     """
     budget = current_budget.get()
     if budget is None:
         raise RuntimeClosed(
             "run_blocking() needs a running runtime, and this context has none; call it inside "
             "`async with nursery_jobs.open_runtime(app) as rt:` or from a job"
+        )
+    if budget.closed:
+        raise RuntimeClosed(
+            "run_blocking() was called after the runtime this task ran under had ended, from a task that "
+            "outlived it (started outside ctx.children() and outside the runtime's block): no thread may "
+            "outlive its runtime; start such tasks with ctx.children(), which the attempt waits for"
         )
     budget.in_flight += 1
     try:

@@ -215,6 +215,40 @@ async def test_shutdown_ends_a_waiting_enqueue_at_once(make_backend, autojump_cl
         assert "nothing was enqueued" in str(outcome[0])
 
 
+async def test_a_running_job_waits_on_for_room_during_the_shutdown(make_backend, autojump_clock):
+    """The shutdown refuses outside callers at once, but a job still running may enqueue: its
+    wait for room goes on (bounded by push_timeout and by its attempt), and room made meanwhile
+    (here a cancel; elsewhere another process's worker) lets its follow-up in."""
+    app = nj.App()
+    app.queue("bounded", max_workers=1, timeout=None, max_length=1, push_timeout=30.0)
+    app.queue("work", max_workers=1, timeout=None)
+    enqueued: list[int] = []
+
+    @app.job(queue="bounded")
+    async def work(ctx: nj.JobContext, n: int) -> None:
+        pass
+
+    @app.job(queue="work")
+    async def producer(ctx: nj.JobContext) -> None:
+        await trio.sleep(2)  # the shutdown begins meanwhile
+        enqueued.append(await work.enqueue(n=1))
+
+    backend = make_backend()
+    async with nj.open_runtime(app, backend=backend, queues=["work"], grace=10) as rt:
+        filler = await work.enqueue(n=0)
+        job_id = await producer.enqueue()
+        await trio.sleep(1)
+        rt.begin_shutdown()
+        await trio.sleep(3)
+        assert not enqueued  # waiting for room, not refused
+        await rt.cancel(filler)
+        t0 = trio.current_time()
+    assert trio.current_time() - t0 <= 0.5  # the next poll found room; the job then ended
+    job = await backend.get_job(job_id)
+    assert (job.state, job.attempt, job.errors) == (nj.JobState.COMPLETED, 1, ())
+    assert len(enqueued) == 1 and (await backend.get_job(enqueued[0])).state is nj.JobState.AVAILABLE
+
+
 async def test_concurrent_enqueuers_never_exceed_the_bound(make_backend, autojump_clock):
     await concurrent_enqueuers([make_backend()])
 

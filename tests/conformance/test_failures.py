@@ -181,3 +181,42 @@ async def test_run_blocking_is_never_abandoned():
 async def test_run_blocking_outside_a_runtime_is_an_error():
     with pytest.raises(nj.RuntimeClosed, match="run_blocking"):
         await nj.run_blocking(print)
+
+
+async def test_run_blocking_in_the_shutdown_runs_and_after_the_runtime_is_refused():
+    """Code still running in the shutdown (a job's grace, main) may offload its cleanup; a task
+    that outlived the runtime may not start a thread: it would outlive the runtime too. (Real
+    time, in tenths of a second: under the autojump clock virtual time would pass while a
+    thread runs.)"""
+    app = nj.App()
+    seen: list[object] = []
+
+    @app.job(timeout=None)
+    async def offload(ctx: nj.JobContext) -> None:
+        await trio.sleep(0.2)
+        seen.append(await nj.run_blocking(lambda: "in the grace"))
+        outside = nursery[0]
+
+        async def outlived() -> None:
+            await ended.wait()
+            try:
+                await nj.run_blocking(lambda: "after")
+            except nj.RuntimeClosed as exc:
+                seen.append(str(exc))
+
+        outside.start_soon(outlived)
+
+    nursery: list[trio.Nursery] = []
+    ended = trio.Event()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as outer:
+            nursery.append(outer)
+            async with nj.open_runtime(app, grace=5) as rt:
+                job_id = await offload.enqueue()
+                await trio.sleep(0.1)
+                rt.begin_shutdown()
+                seen.append(await nj.run_blocking(lambda: "main in the shutdown"))
+            ended.set()
+    assert seen[:2] == ["main in the shutdown", "in the grace"]
+    assert len(seen) == 3 and "after the runtime this task ran under had ended" in str(seen[2])
+    assert (await rt.get_job(job_id)).state is nj.JobState.COMPLETED

@@ -6,6 +6,7 @@ import pytest
 import trio
 
 import nursery_jobs as nj
+from nursery_jobs.backends import Outbox, TransactionalEnqueue
 
 
 def _app(log: list) -> nj.App:
@@ -232,3 +233,122 @@ async def test_a_claim_that_never_answers_is_cut_at_the_flush_bound(
     await backend.inner.close()
     assert elapsed <= 1 + 3 * 0.5 + 1e-6
     assert "did not answer within flush_bound (0.5 s)" in caplog.text
+
+
+# -- what a running attempt may still do once shutdown began (docs/shutdown.md) --
+
+TOPIC = "delivered"
+
+
+def _follow_up_app(log: list, ids: list, escaped: list) -> nj.App:
+    """`deliver` does the idempotency recipe of docs/guarantees.md after the shutdown began: its
+    POST (a sleep), then its row and a follow-up in one transaction, and more follow-ups by every
+    other way of adding work (from a child task too); `cut` does the same in the cleanup of an
+    attempt the grace interrupts. Every call is one the shutdown must let through."""
+    app = nj.App()
+    app.queue("work", max_workers=3, timeout=None)
+    cut_runs: list[int] = []
+
+    @app.job(queue="work")
+    async def follow_up(ctx: nj.JobContext, how: str) -> None:
+        log.append(("follow_up", how))
+
+    @app.subscribe(TOPIC)
+    @app.job(queue="work")
+    async def audit(ctx: nj.JobContext, how: str) -> None:
+        log.append(("audit", how))
+
+    async def add_work(ctx: nj.JobContext, how: str) -> None:
+        async with ctx.client.transaction() as conn:
+            ids.append(await follow_up.enqueue_tx(conn, how=f"{how}/tx"))
+            await nj.publish(conn, TOPIC, {"how": f"{how}/tx"})
+        ids.append(await ctx.client.enqueue(follow_up, {"how": f"{how}/client"}))
+        ids.append(await follow_up.enqueue(how=f"{how}/kind"))
+        await ctx.client.publish(TOPIC, {"how": f"{how}/publish"})
+
+    @app.job(queue="work")
+    async def deliver(ctx: nj.JobContext, seconds: float) -> None:
+        await trio.sleep(seconds)  # the POST: the shutdown begins meanwhile
+        assert ctx.client.closing
+        await add_work(ctx, "grace")
+        receipt = await ctx.client.wait(ids[0], timeout=1)  # a receipt no worker here will give
+        log.append(("receipt", receipt.done))
+        async with ctx.children() as tasks:
+            tasks.spawn(add_work, ctx, "child")
+        outside = escaped[0]
+
+        async def late() -> None:
+            # Started outside ctx.children(), so it outlives the attempt: its time is up.
+            await trio.sleep(seconds)
+            try:
+                await follow_up.enqueue(how="late")
+            except nj.RuntimeClosed as exc:
+                log.append(("late refused", str(exc)))
+
+        outside.start_soon(late)
+
+    @app.job(queue="work")
+    async def cut(ctx: nj.JobContext) -> None:
+        cut_runs.append(ctx.id)
+        if len(cut_runs) > 1:
+            return  # its run after the restart
+        try:
+            await trio.sleep(1000)
+        finally:
+            with trio.move_on_after(1, shield=True):
+                await add_work(ctx, "unwind")
+
+    return app
+
+
+async def test_a_running_attempt_keeps_its_transactions_and_follow_ups_through_the_shutdown(
+    make_backend, backend_name, autojump_clock
+):
+    """A job that is running when shutdown begins writes its row and enqueues its follow-ups
+    in the grace and in its unwind; it completes on its first attempt (or, cut, is given back);
+    what it added is in the backend for the next runtime; a task that outlived its attempt,
+    and code outside any job, are refused."""
+    backend = make_backend()
+    if not isinstance(backend, TransactionalEnqueue) or not isinstance(backend, Outbox):
+        pytest.skip(f"the {backend_name} backend has no transactions or no outbox")
+    log: list = []
+    ids: list = []
+    refused: list[str] = []
+    async with trio.open_nursery() as outside:
+        app = _follow_up_app(log, ids, [outside])
+        async with nj.open_runtime(app, backend=backend, grace=5) as rt:
+            delivery = await rt.enqueue("deliver", {"seconds": 2})
+            interrupted = await rt.enqueue("cut")
+            await trio.sleep(1)
+            assert (await rt.stats())["work"].running == 2
+            rt.begin_shutdown()
+            try:
+                await rt.enqueue("follow_up", {"how": "outside"})
+            except nj.RuntimeClosed as exc:
+                refused.append(str(exc))
+    assert refused and "outside" in refused[0] and "running job" in refused[0]
+    assert ("receipt", False) in log
+    late = [text for what, text in log if what == "late refused"]
+    assert len(late) == 1 and f"job {delivery}" in late[0] and "ended" in late[0], late
+    job = await backend.get_job(delivery)
+    assert (job.state, job.attempt, job.errors) == (nj.JobState.COMPLETED, 1, ())
+    cut_job = await backend.get_job(interrupted)
+    assert (cut_job.state, cut_job.attempt) == (nj.JobState.AVAILABLE, 0)
+    assert len(ids) == 9
+    for job_id in ids:
+        assert (await backend.get_job(job_id)).state is nj.JobState.AVAILABLE
+
+    # The next runtime on the store runs what the attempts added (memory: the same instance).
+    del log[:]
+    async with nj.open_runtime(app, backend=backend, grace=5) as rt:
+        with trio.fail_after(60):
+            while sum(1 for what, _ in log if what in ("follow_up", "audit")) < 15:
+                await trio.sleep(0.1)
+        assert (await rt.wait(interrupted, timeout=30)).done
+    hows = {"grace", "child", "unwind"}
+    assert sorted(how for what, how in log if what == "follow_up") == sorted(
+        f"{h}/{way}" for h in hows for way in ("tx", "client", "kind")
+    )
+    assert sorted(how for what, how in log if what == "audit") == sorted(
+        f"{h}/{way}" for h in hows for way in ("tx", "publish")
+    )

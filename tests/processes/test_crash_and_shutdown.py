@@ -9,14 +9,21 @@ Either way nothing is lost, and only what was running when the process died runs
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
+import sqlite3
+import sys
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
+import trio
 
+import nursery_jobs as nj
 from tests.processes.procutil import (
     FAST_RESCUE,
+    Store,
     assert_clean_exit,
     count_records,
     fetch_jobs,
@@ -243,3 +250,83 @@ def test_a_claim_in_flight_at_shutdown_gives_its_jobs_back(spawner, store):
     assert not read_executions(spawner.log_dir), "a job started after SIGTERM"
     jobs = fetch_jobs(store)
     assert sorted((j.state, j.attempt) for j in jobs.values()) == [("available", 0)] * 3, jobs
+
+
+NURSERY_JOBS = str(Path(sys.executable).with_name("nursery-jobs"))
+DELIVERY_APP = f"{Path(__file__).with_name('delivery_app.py')}:app"
+
+
+def _deliveries_table(store: Store) -> str:
+    """The service's own table, beside the jobs: where a delivery's row goes."""
+    if store.kind == "postgres":
+        assert store.conninfo is not None and store.schema is not None
+        table = f'"{store.schema}".deliveries'
+        with psycopg.connect(store.conninfo, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f"CREATE TABLE {table} (job_id bigint NOT NULL, n int NOT NULL)")
+        return table
+    assert store.path is not None
+    conn = sqlite3.connect(store.path, timeout=10)
+    try:
+        conn.execute("CREATE TABLE deliveries (job_id INTEGER NOT NULL, n INTEGER NOT NULL)")
+        conn.commit()
+    finally:
+        conn.close()
+    return "deliveries"
+
+
+def _delivered(store: Store, table: str) -> list[tuple[int, int]]:
+    query = f"SELECT job_id, n FROM {table} ORDER BY job_id"
+    if store.kind == "postgres":
+        with psycopg.connect(store.conninfo or "", autocommit=True, connect_timeout=5) as conn:
+            return [tuple(r) for r in conn.execute(query).fetchall()]
+    conn = sqlite3.connect(store.path or "", timeout=10)
+    try:
+        return [tuple(r) for r in conn.execute(query).fetchall()]
+    finally:
+        conn.close()
+
+
+def test_a_deploy_lets_running_jobs_record_their_delivery_and_enqueue_their_follow_up(spawner, store, tmp_path):
+    """`nursery-jobs worker` gets SIGTERM while two deliveries are in flight: each then writes
+    its row and enqueues its follow-up in `ctx.client.transaction()`, completes on its first
+    attempt (no duplicate delivery), and the process exits 0 once they are done, within the
+    grace. The follow-ups wait in the store for the next process."""
+    from tests.processes import delivery_app
+
+    grace = 20.0
+    table = _deliveries_table(store)
+    log = tmp_path / "deliveries.jsonl"
+
+    async def enqueue() -> list[int]:
+        async with nj.open_runtime(delivery_app.app, backend=store.url, queues=[]):
+            return [await delivery_app.deliver.enqueue(n=n, table=table, log=str(log)) for n in range(2)]
+
+    ids = trio.run(enqueue)
+    worker = spawner.script(NURSERY_JOBS, "worker", DELIVERY_APP, "--backend", store.url, "--grace", str(grace), name="worker")
+
+    def records() -> list[dict]:
+        text = log.read_text() if log.exists() else ""
+        return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
+
+    wait_until(lambda: len([r for r in records() if r["ev"] == "start"]) == 2, timeout=20, what="both deliveries running")
+    signalled = time.time()
+    worker.signal(signal.SIGTERM)
+    rc = worker.wait(grace + 10)
+    exited = time.time()
+    assert_clean_exit(worker, rc)
+
+    seen = records()
+    assert sorted((r["ev"], r["id"], r["attempt"]) for r in seen) == sorted(
+        (ev, i, 1) for i in ids for ev in ("start", "end")
+    ), seen  # each ran once: no second attempt, so no second delivery
+    ends = [r for r in seen if r["ev"] == "end"]
+    assert all(r["closing"] for r in ends) and min(r["t"] for r in ends) > signalled  # written during the shutdown
+    assert max(r["t"] for r in ends) < exited < signalled + grace  # the process waited for them, not for the grace
+    assert _delivered(store, table) == [(i, n) for n, i in enumerate(ids)]
+    jobs = fetch_jobs(store)
+    for i in ids:
+        assert (jobs[i].state, jobs[i].attempt, jobs[i].interrupted, jobs[i].errors) == ("completed", 1, 0, ()), jobs[i]
+    follow_ups = sorted(r["follow_up"] for r in ends)
+    assert sorted(set(jobs) - set(ids)) == follow_ups
+    for i in follow_ups:
+        assert (jobs[i].kind, jobs[i].state, jobs[i].attempt) == ("notify", "available", 0), jobs[i]

@@ -5,8 +5,8 @@ Hooks never assert: Trio logs an exception raised in a hook and *disables the in
 failing check would silently stop checking. Every problem is appended to `violations` instead,
 and the example raises `PropertyFailed` from them at its next quiescent point and at its end.
 
-Attribution. A task belongs to a job if its `Task.context` carries the job id
-(`nursery_jobs._context.current_job_id`, inherited by ordinary children), else if the task that
+Attribution. A task belongs to a job if its `Task.context` carries the job's attempt
+(`nursery_jobs._context.current_attempt`, inherited by ordinary children), else if the task that
 spawned it belongs to a job -- `trio.lowlevel.current_task()` inside `task_spawned` is the
 spawner. The second rule is what catches system tasks, which do not inherit context variables.
 
@@ -20,7 +20,7 @@ from typing import Iterator
 
 import trio
 
-from nursery_jobs._context import current_job_id
+from nursery_jobs._context import current_attempt
 
 
 class PropertyFailed(AssertionError):
@@ -65,7 +65,8 @@ def walk_tree(root: trio.lowlevel.Task) -> Iterator[trio.lowlevel.Task]:
 
 
 def context_job(task: trio.lowlevel.Task) -> int | None:
-    return task.context.get(current_job_id)
+    running = task.context.get(current_attempt)
+    return None if running is None else running.job.id
 
 
 class TaskAudit(trio.abc.Instrument):

@@ -1,7 +1,7 @@
 """P02 -- no task outlives its scope, and the task tree mirrors the model.
 
 How: the harness's command loop. At every quiescent point the job ids found by walking the task
-tree from `current_root_task()` (each task's `current_job_id`) must equal the attempts the
+tree from `current_root_task()` (each task's `current_attempt`) must equal the attempts the
 scripted handlers report running, `rt.attempts`, and -- checked here -- the reference model's
 running set. When a handler ends, and when a job's terminal state is recorded, no live task may
 still belong to it; when the example ends, only the baseline tasks are alive and

@@ -310,3 +310,34 @@ async def test_events_and_ticks_become_jobs_of_a_batch_kind(autojump_clock: trio
     assert set(got) == {0, 1, 2, 3} and got.count(0) >= 1  # the ticks' jobs (the start's, and any tick since)
     assert [1, 2, 3] == [d for d in got if d]  # each event one job
     assert any(len(batch) >= 3 for batch in seen)  # the events, collected together
+
+
+async def test_a_running_batch_keeps_adding_work_through_the_shutdown(autojump_clock: trio.testing.MockClock) -> None:
+    """A batch is one attempt for the shutdown's rule (docs/shutdown.md): it runs while any of
+    its jobs does, so its handler and its children may still enqueue in the grace."""
+    app = nj.App()
+    added: list[int] = []
+
+    @app.job()
+    async def follow_up(ctx: nj.JobContext, n: int) -> None:
+        pass
+
+    @app.batch_job(max_size=2, max_wait=0.1, timeout=None)
+    async def deliver(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> None:
+        await trio.sleep(2)  # the shutdown begins meanwhile
+        async with ctx.client.transaction() as conn:
+            added.append(await follow_up.enqueue_tx(conn, n=0))
+
+        async def child() -> None:
+            added.append(await follow_up.enqueue(n=1))
+
+        async with ctx.children() as tasks:
+            tasks.spawn(child)
+
+    backend = nj.MemoryBackend()
+    async with nj.open_runtime(app, backend=backend, grace=10) as rt:
+        ids = await rt.enqueue_many("deliver", [{}, {}])
+        await trio.sleep(1)
+        rt.begin_shutdown()
+    assert [(await backend.get_job(i)).state for i in ids] == [nj.JobState.COMPLETED] * 2
+    assert len(added) == 2
