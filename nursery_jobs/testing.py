@@ -605,7 +605,9 @@ async def check_at_least_once(
             f"{job_kind.name} reached {len(steps)} checkpoints in one run, over {MAX_CHECKPOINTS}: check it with "
             "args that make a shorter run (each checkpoint costs a run)"
         )
-    trials: list[tuple[int | None, bool, str]] = [(k, False, f"at checkpoint {k} of {len(steps)}, {steps[k - 1].where}") for k in range(1, len(steps) + 1)]
+    trials: list[tuple[int | None, bool, str]] = [
+        (k, False, f"at checkpoint {k} of {len(steps)}, {steps[k - 1].where}") for k in range(1, len(steps) + 1)
+    ]
     if steps:
         trials.append((None, True, f"after the last checkpoint ({steps[-1].where}): the handler returned, its outcome was not kept"))
     failures = []

@@ -161,8 +161,9 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
         self.row_factory = state.row_factory
         self._notice_handlers[:] = state.notice_handlers
         self._notify_handlers[:] = state.notify_handlers
-        if self._notifies_backlog:
-            self._notifies_backlog.clear()
+        backlog = getattr(self, "_notifies_backlog", None)  # notifications received outside notifies() (3.3 keeps them)
+        if backlog:
+            backlog.clear()
         return self._transaction_settings() == state.transaction_settings
 
     def _transaction_settings(self) -> tuple[Any, ...]:
