@@ -114,10 +114,12 @@ class Runtime(Client):
         self.rng = random.Random(random.getrandbits(64))
         self.completer = Completer(backend)
         self.attempts = AttemptRegistry()
-        runners = {
+        runners = self.runners = {
             name: KindRunner.build(kind, app.timeout_for(kind), kind.retry or app.retry, app._middleware)
             for name, kind in app.kinds.items()
         }
+        """Each kind's handler chain, by kind name: the executors' own mapping (the testing
+        kit's `check_at_least_once` wraps one for a run)."""
         self.executors = {
             name: QueueExecutor(
                 app.queues[name],

@@ -17,11 +17,13 @@ hand-write the deliveries, so the kit gives it:
   return its final `Job`.
 - `check_at_least_once`: a handler must be idempotent, since it may run again after any of its
   checkpoints. The check runs it once cleanly and records `observe()`; then for each checkpoint
-  k of that run it runs the job again, cancels the attempt when its task has yielded for the
-  k-th time (with the reason "shutdown", so the runtime gives the attempt back and runs the job
-  again to completion, as after a redeploy), and compares `observe()` with the clean run. A
-  trio `Instrument` counts the steps of the task running the handler, so no handler code
-  changes; the failure names the checkpoint by the handler's file and line.
+  k of that run it runs the job again, cancels the attempt as it reaches its k-th checkpoint
+  (with the reason "shutdown", so the runtime gives the attempt back and runs the job again to
+  completion, as after a redeploy), and compares `observe()` with the clean run. A checkpoint
+  is a call the handler awaits that yields to Trio, counted once however many round trips the
+  library makes inside it (`_checkpoint` says why). A trio `Instrument` follows the task
+  running the handler, so no handler code changes; the failure names the checkpoint by the
+  handler's file and line.
 
 The test runtime is the `Runtime` that `open_runtime` built, its class switched to `TestRuntime`
 (the same object: the context's enqueuer and the backend's listeners already point at it), so a
@@ -36,9 +38,11 @@ import inspect
 import itertools
 import math
 import os
-from contextlib import asynccontextmanager
+import site
+import sysconfig
+from contextlib import asynccontextmanager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, AsyncIterator, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import trio
 
@@ -363,22 +367,32 @@ async def run_job(kind: str | JobKind[Any, Any], /, **args: Any) -> Job:
 # -- at least once --
 
 
-class _Probe(trio.abc.Instrument):
-    """Counts the steps of the task running the first attempt of one new job of `kind`, and
-    cancels that attempt after its `cut`-th yield (`before_resume`: just before the step that
-    follows it, so the handler runs on to its end but its outcome is not kept)."""
+class _Checkpoint(NamedTuple):
+    """One checkpoint of a handler's run: one call the handler (or code of yours it called)
+    awaited that yielded to Trio, however many times it yielded inside."""
 
-    def __init__(self, rt: TestRuntime, kind: JobKind[Any, Any], old: set[int], cut: int | None, before_resume: bool) -> None:
+    where: str
+    """``file:line in handler``, and the innermost frame of your code below it."""
+    call: str
+    """The library call it waited in (``psycopg.connection_async.AsyncConnection.execute``)."""
+
+
+class _Probe(trio.abc.Instrument):
+    """Follows the task running the first attempt of one new job of `kind`: records its
+    checkpoints, and cuts the attempt at the first yield of its `cut`-th one, or as its handler
+    returns (`at_return`: the kit's wrapper around the handler calls `returned`)."""
+
+    def __init__(self, rt: TestRuntime, kind: JobKind[Any, Any], old: set[int], cut: int | None, at_return: bool) -> None:
         self.rt = rt
         self.kind = kind.name
         self.code = _code_of(kind.fn)
         self.old = old
         self.cut = cut
-        self.before_resume = before_resume
+        self.at_return = at_return
         self.task: trio.lowlevel.Task | None = None
         self.attempt: Attempt | None = None
-        self.count = 0
-        self.where: list[str] = []
+        self.steps: list[_Checkpoint] = []
+        self._waiting_in: object = None  # the frame of the call the last checkpoint waited in
         self.done = False
 
     def _ours(self, task: trio.lowlevel.Task) -> bool:
@@ -393,16 +407,19 @@ class _Probe(trio.abc.Instrument):
             self.task, self.attempt = task, attempt
         return task is self.task and attempt is self.attempt
 
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        if self.before_resume and not self.done and task is self.task and self.count == self.cut and self._ours(task):
-            self._cut()
-
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
         if self.done or not self._ours(task):
             return
-        self.count += 1
-        self.where.append(_where(task, self.code))
-        if not self.before_resume and self.count == self.cut:
+        waiting_in, step = _checkpoint(task, self.code)
+        if waiting_in is not None and waiting_in is self._waiting_in:
+            return  # the same call yielded again: its own I/O, not a step of the handler
+        self._waiting_in = waiting_in
+        self.steps.append(step)
+        if len(self.steps) == self.cut:
+            self._cut()
+
+    def returned(self) -> None:
+        if self.at_return and not self.done and self._ours(trio.lowlevel.current_task()):
             self._cut()
 
     def _cut(self) -> None:
@@ -411,11 +428,49 @@ class _Probe(trio.abc.Instrument):
         self.attempt.cancel("shutdown")
 
 
+@contextmanager
+def _on_return(rt: TestRuntime, kind: str, hook: Callable[[], None]) -> Iterator[None]:
+    """Every attempt of `kind` calls `hook` as its handler returns, for the block: the one
+    moment the runtime has not yet taken its outcome (it does without a checkpoint)."""
+    runner = rt.runners[kind]
+    inner = runner.call
+
+    async def call(ctx: Any, args: dict[str, Any]) -> Any:
+        result = await inner(ctx, args)
+        hook()
+        return result
+
+    rt.runners[kind] = runner._replace(call=call)
+    try:
+        yield
+    finally:
+        rt.runners[kind] = runner
+
+
 def _code_of(fn: Callable[..., Any]) -> Any:
     return getattr(inspect.unwrap(fn), "__code__", None)
 
 
-_OURS = tuple(os.path.dirname(m.__file__ or "") + os.sep for m in (trio, inspect)) + (os.path.dirname(__file__) + os.sep,)
+def _dirs(*paths: str) -> tuple[str, ...]:
+    return tuple(sorted({os.path.join(p, "") for p in paths if p}))
+
+
+_PACKAGES = _dirs(
+    *(sysconfig.get_paths()[name] for name in ("purelib", "platlib")),
+    *getattr(site, "getsitepackages", list)(),
+    site.getusersitepackages(),
+)
+"""Where installed packages live (psycopg, an HTTP client)."""
+_STDLIB = _dirs(os.path.dirname(inspect.__file__))
+_TRIO = _dirs(os.path.dirname(trio.__file__))
+_LIBRARY = _STDLIB + _PACKAGES + _TRIO + _dirs(os.path.dirname(__file__))
+"""Where library code lives: the standard library, installed packages, trio and nursery_jobs.
+Any other frame is your code."""
+
+
+def _plumbing(filename: str) -> bool:
+    """The standard library's or trio's: what a call waits through, not what it is (`_call_name`)."""
+    return filename.startswith(_TRIO) or (filename.startswith(_STDLIB) and not filename.startswith(_PACKAGES))
 
 
 def _shown(path: str) -> str:
@@ -423,20 +478,65 @@ def _shown(path: str) -> str:
     return path if rel.startswith("..") else rel
 
 
-def _where(task: trio.lowlevel.Task, code: Any) -> str:
-    """``file:line in fn`` of the handler's frame where `task` waits, and the innermost frame
-    of user code below it (the fake or client the handler called)."""
+def _checkpoint(task: trio.lowlevel.Task, code: Any) -> tuple[object | None, _Checkpoint]:
+    """Where `task` waits: the frame of the call that your deepest frame awaits (all yields
+    inside that call are one checkpoint), and that checkpoint.
+
+    A checkpoint is a call, not a yield, because a library call yields once per round trip, and
+    how many it takes is the library's business: the first run of a statement may prepare it,
+    the pool may open a connection or replace one the server closed. Counting yields made a
+    deterministic handler take "another path" whenever the library took another round trip."""
     frames = list(task.iter_await_frames())
-    at = [i for i, (frame, _) in enumerate(frames) if frame.f_code is code]
-    if not at:
-        return "(no frame of the handler on the stack)"
-    frame, line = frames[at[-1]]
-    text = f"{_shown(frame.f_code.co_filename)}:{line} in {frame.f_code.co_name}"
-    inner = [(f, n) for f, n in frames[at[-1] + 1 :] if not f.f_code.co_filename.startswith(_OURS)]
-    if inner:
-        f, n = inner[-1]
-        text += f" (innermost: {_shown(f.f_code.co_filename)}:{n} in {f.f_code.co_qualname})"
-    return text
+    yours = [i for i, (frame, _) in enumerate(frames) if frame.f_code is code or not frame.f_code.co_filename.startswith(_LIBRARY)]
+    if not yours:
+        return None, _Checkpoint("(no frame of the handler or of your code on the stack)", "")
+    deepest = yours[-1]
+    below = frames[deepest + 1 :]
+    waiting_in = below[0][0] if below else None  # yielded in your own code: a checkpoint each time
+    at = [i for i in yours if frames[i][0].f_code is code]
+    if at:
+        frame, line = frames[at[-1]]
+        where = f"{_shown(frame.f_code.co_filename)}:{line} in {frame.f_code.co_name}"
+    else:
+        where = "(no frame of the handler on the stack)"
+    if not at or deepest != at[-1]:
+        frame, line = frames[deepest]
+        where += f" (innermost: {_shown(frame.f_code.co_filename)}:{line} in {frame.f_code.co_qualname})"
+    return waiting_in, _Checkpoint(where, _call_name(below))
+
+
+def _call_name(frames: Sequence[tuple[Any, int]]) -> str:
+    """The library function a checkpoint waits in, named past the standard library's and
+    trio's plumbing (``contextlib``'s ``__aenter__``) when a package of its own is below it."""
+    if not frames:
+        return "(no call)"
+    named = [f for f, _ in frames if not _plumbing(f.f_code.co_filename)]
+    frame = named[0] if named else frames[0][0]
+    return f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_qualname}"
+
+
+def _path_difference(clean: list[_Checkpoint], probe: _Probe) -> str | None:
+    """How the run `probe` followed left the clean run's path up to its cut, or None."""
+    wanted = clean if probe.cut is None else clean[: probe.cut]
+    seen = probe.steps
+    for i, (was, now) in enumerate(zip(wanted, seen), 1):
+        if was != now:
+            return (
+                f"its checkpoint {i} was {now.where}, waiting in {now.call}, where the clean run's is "
+                f"{was.where}, waiting in {was.call}"
+            )
+    if len(seen) > len(wanted):
+        extra = seen[len(wanted)]
+        return f"it had a checkpoint after the clean run's last one: {extra.where}, waiting in {extra.call}"
+    if probe.done:
+        return None
+    if len(seen) < len(wanted):
+        missed = wanted[len(seen)]
+        return (
+            f"its run ended after {len(seen)} checkpoint(s), before the clean run's checkpoint {len(seen) + 1}, "
+            f"{missed.where}, waiting in {missed.call}"
+        )
+    return "its handler did not return after its last checkpoint, as in the clean run (it raised, or was cut otherwise)"
 
 
 async def _call_user(fn: Callable[[], Any]) -> Any:
@@ -459,12 +559,13 @@ async def check_at_least_once(
     Runs the job once to completion on the test runtime of this context and records
     ``observe()`` (a function, or an async one, returning the effects to compare: a copy of your
     fake's rows, the emails sent; it is deep-copied). Then for each checkpoint k of that run
-    (each time the task running the handler yielded to Trio), and once more after its last
-    checkpoint (the handler runs to its end, its outcome is not kept: a worker that died just
+    (each call the handler, or code of yours below it, awaited that yielded to Trio: one
+    checkpoint however many round trips the call took inside the library), and once more after
+    its last checkpoint (the handler returns, its outcome is not kept: a worker that died just
     then), it runs the job again, cuts that attempt there as a shutdown would (Cancelled at the
-    checkpoint, the attempt given back), lets the runtime run the job again to completion, and
-    compares ``observe()`` with the clean run. Only the handler's own task is counted: child
-    tasks of ``ctx.children()`` are cut with it, wherever they are.
+    call's first yield, the attempt given back), lets the runtime run the job again to
+    completion, and compares ``observe()`` with the clean run. Only the handler's own task is
+    counted: child tasks of ``ctx.children()`` are cut with it, wherever they are.
 
     `reset`, called (or awaited) before every run, puts your fakes back to the start so each run
     is judged on its own; without it each run starts from what the previous ones left, as
@@ -474,18 +575,19 @@ async def check_at_least_once(
     Returns the number of interruptions tried. Raises `NotIdempotent` naming each checkpoint
     (``file:line in handler``, and the innermost user frame below it) where the effects differ,
     with both observations; AssertionError when the clean run itself does not complete, or when
-    a run after `reset` takes another path than the clean one (fewer checkpoints).
+    a run after `reset` takes another path than the clean one (naming the first checkpoint that
+    differs: where in the handler, and the call it waited in).
     """
     rt = _current("check_at_least_once")
     job_kind = kind if isinstance(kind, JobKind) else rt.app.kind(kind)
     args = dict(args)
 
-    async def deliver(cut: int | None, before_resume: bool = False) -> tuple[Job, _Probe]:
+    async def deliver(cut: int | None, at_return: bool = False) -> tuple[Job, _Probe]:
         await rt.drain(horizon=horizon)  # what earlier runs left, before the fakes are reset
         if reset is not None:
             await _call_user(reset)
-        probe = _Probe(rt, job_kind, set(rt.enqueued), cut, before_resume)
-        with instrumented(probe):
+        probe = _Probe(rt, job_kind, set(rt.enqueued), cut, at_return)
+        with instrumented(probe), _on_return(rt, job_kind.name, probe.returned) if at_return else nullcontext():
             job_id = await rt.enqueue(job_kind, args)
             await rt.drain(horizon=horizon)
         return await rt.get_job(job_id), probe
@@ -498,26 +600,30 @@ async def check_at_least_once(
             "check_at_least_once compares runs of a job that completes"
         )
     expected = copy.deepcopy(await _call_user(observe))
-    where = probe.where
-    if len(where) > MAX_CHECKPOINTS:
+    steps = probe.steps
+    if len(steps) > MAX_CHECKPOINTS:
         raise ConfigError(
-            f"{job_kind.name} reached {len(where)} checkpoints in one run, over {MAX_CHECKPOINTS}: check it with "
+            f"{job_kind.name} reached {len(steps)} checkpoints in one run, over {MAX_CHECKPOINTS}: check it with "
             "args that make a shorter run (each checkpoint costs a run)"
         )
-    trials = [(k, False, f"at checkpoint {k} of {len(where)}, {where[k - 1]}") for k in range(1, len(where) + 1)]
-    if where:
-        trials.append((len(where), True, f"after the last checkpoint ({where[-1]}): the handler returned, its outcome was not kept"))
+    trials: list[tuple[int | None, bool, str]] = [
+        (k, False, f"at checkpoint {k} of {len(steps)}, {steps[k - 1].where}") for k in range(1, len(steps) + 1)
+    ]
+    if steps:
+        trials.append((None, True, f"after the last checkpoint ({steps[-1].where}): the handler returned, its outcome was not kept"))
     failures = []
-    for cut, before_resume, label in trials:
-        job, probe = await deliver(cut, before_resume)
-        if not probe.done and reset is not None:
+    for cut, at_return, label in trials:
+        job, probe = await deliver(cut, at_return)
+        if reset is not None:
             # From the same start the run must take the same path; without reset, a run that
             # finds the work done and yields less is what a repeated delivery does.
-            raise AssertionError(
-                f"{_call(job_kind.name, args)} yielded {probe.count} times this run, not the {len(where)} of its clean "
-                f"run, so it could not be cut {label}: check_at_least_once needs a handler that takes the same path "
-                "on every run with the same args and fakes (pass reset=)"
-            )
+            differs = _path_difference(steps, probe)
+            if differs is not None:
+                raise AssertionError(
+                    f"{_call(job_kind.name, args)} took another path than its clean run, so it could not be cut "
+                    f"{label}: {differs}. check_at_least_once needs a handler that takes the same path on every "
+                    "run with the same args and fakes: pass reset= and have it put back everything the handler reads"
+                )
         if job.state is not JobState.COMPLETED:
             error = f": {job.errors[-1].message}" if job.errors else ""
             failures.append(f"interrupted {label}\n    then the job ended {job.state.value}{error}")

@@ -78,6 +78,7 @@ from urllib.parse import quote, unquote
 import trio
 
 from ..infra.pg import (  # psycopg only through infra: import order
+    DRAIN_TIMEOUT,
     ConnectFailed,
     PgPool,
     RoundTripTimeout,
@@ -134,8 +135,9 @@ _COMPLETED_KIND = OutcomeKind.COMPLETED
 POOL_SESSION = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off", "jit": "off"}
 """Settings of every pooled connection, which runs only the runtime's own statements.
 
-Each statement is prepared at its first use (`prepare_threshold=0`) and always runs on its
-generic plan, so the server never plans a claim again per call: with the default (`auto`), a
+Each of the runtime's statements is prepared at its first use on a connection (`prepare=True`
+per call; the connection keeps psycopg's default threshold, for a service's own statements in
+`transaction()`) and always runs on its generic plan, so the server never plans a claim again per call: with the default (`auto`), a
 claim on an analyzed table was re-planned every time, 0.88 ms of planning for 0.25 ms of work.
 That is safe because each hot statement is shaped so that its one plan is right whatever the
 statistics say, even a plan made while the table was empty (migration 0004;
@@ -326,20 +328,25 @@ async def _schema_version_async(conn: TrioConnection, schema: str) -> int | None
 # adapters and query conversion.
 
 
+# The runtime's statements, prepared at their first use on each connection (`POOL_SESSION`):
+# `prepare=True` per call, so the connection itself keeps psycopg's default threshold for the
+# statements of a service's transaction (`transaction()`).
+
+
 async def _all(conn: TrioConnection, query: Any, params: Any = None) -> list[tuple[Any, ...]]:
     cur = conn.cached_cursor(query)
-    await cur.execute(query, params)
+    await cur.execute(query, params, prepare=True)
     return await cur.fetchall()
 
 
 async def _one(conn: TrioConnection, query: Any, params: Any = None) -> tuple[Any, ...] | None:
     cur = conn.cached_cursor(query)
-    await cur.execute(query, params)
+    await cur.execute(query, params, prepare=True)
     return await cur.fetchone()
 
 
 async def _exec(conn: TrioConnection, query: Any, params: Any = None) -> None:
-    await conn.cached_cursor(query).execute(query, params)
+    await conn.cached_cursor(query).execute(query, params, prepare=True)
 
 
 def migrate(conninfo: str, schema: str = "nursery_jobs") -> list[str]:
@@ -584,7 +591,6 @@ class PostgresBackend:
                 statement_timeout=self.statement_timeout,
                 blocking=self._blocking_io,
                 session=POOL_SESSION,
-                prepare_threshold=0,
             )
         except psycopg.ProgrammingError as exc:
             raise ConfigError(f"bad PostgreSQL URL: {redact(_one_line(exc), self.conninfo)}") from None
@@ -1135,13 +1141,19 @@ class PostgresBackend:
     async def transaction(self) -> AsyncIterator[TrioConnection]:
         """A pooled connection in a transaction for the block (see `TransactionalEnqueue`).
 
-        The transaction runs the service's own statements too, so the pool's session settings
-        for the runtime's statements (`POOL_SESSION`) are set back to PostgreSQL's defaults for
-        it (`SET LOCAL`, in the BEGIN's round trip). Waits at most `acquire_timeout` for a free
-        transaction slot and as long again for a connection; BEGIN and COMMIT are each bounded
-        like any pooled round trip (`PgPool.round_trip_bound`). A block that raises or is
-        cancelled is rolled back by the pool (shielded, bounded by `DRAIN_TIMEOUT`), which
-        drops the connection if the rollback cannot be done."""
+        The transaction runs the service's own statements too, so the connection behaves as
+        psycopg's default one does: the pool's session settings for the runtime's statements
+        (`POOL_SESSION`) are set back to PostgreSQL's defaults for it (`SET LOCAL`, in the
+        BEGIN's round trip), and the service's statements are prepared at psycopg's default
+        threshold (the runtime's own ask for it per call), so a script of several statements
+        runs. What the block leaves on the session is undone before the pool has the connection
+        back (`_RESET`, in the COMMIT's or ROLLBACK's round trip), and its psycopg settings are
+        put back (`TrioConnection.take_back`; one whose autocommit or isolation was changed is
+        closed). Waits at most `acquire_timeout` for a free transaction slot and as long again
+        for a connection; BEGIN and COMMIT are each bounded like any pooled round trip
+        (`PgPool.round_trip_bound`). A block that raises or is cancelled is rolled back
+        (shielded, bounded by `DRAIN_TIMEOUT`), and the connection closed if that cannot be
+        done."""
         slots = self._transaction_slots()
         try:
             slots.acquire_nowait()
@@ -1176,6 +1188,7 @@ class PostgresBackend:
                     redact_exception(exc, self.conninfo)
                     raise BackendUnavailable(f"cannot begin a PostgreSQL transaction ({self._describe(exc)})") from exc
                 self._lent[conn] = staged
+                lent = conn.lend()
                 try:
                     yield conn
                     if conn.pgconn.transaction_status == _INERROR:
@@ -1186,7 +1199,7 @@ class PostgresBackend:
                         )
                     try:
                         with trio.move_on_after(self.pool.round_trip_bound) as committed:
-                            await conn.execute(b"COMMIT", prepare=False)
+                            await conn.execute(_COMMIT, prepare=False)
                         if committed.cancelled_caught:
                             conn.close_now()
                             raise BackendUnavailable(
@@ -1201,8 +1214,13 @@ class PostgresBackend:
                                 "transaction committed is unknown"
                             ) from exc
                         raise
+                except BaseException:
+                    await _end_failed(conn)
+                    raise
                 finally:
                     del self._lent[conn]
+                    if not conn.closed and not conn.take_back(lent):
+                        conn.close_now()  # its autocommit or isolation was changed: never pooled again
             for entry in staged:  # committed: tell this process's runtime
                 if isinstance(entry, OutboxPublished):
                     self._emit([entry])
@@ -1339,8 +1357,38 @@ class PostgresBackend:
 
 
 _BEGIN = b"BEGIN; SET LOCAL plan_cache_mode = auto; SET LOCAL enable_seqscan = on; SET LOCAL jit = on"
+_RESET = b"RESET ALL; RESET ROLE; UNLISTEN *; SELECT pg_advisory_unlock_all(); CLOSE ALL; DISCARD TEMP"
+"""What a lent connection's session may keep of the service's code, undone before the pool has
+it back: settings (`SET` outlives the commit: `synchronous_commit`, `search_path`, the planner's
+settings, which the runtime's statements on the connection would run under), the role, LISTENs
+(their notifications would pile up on a connection nobody reads), session advisory locks (held
+until the connection closes: for ever, in a pool), cursors WITH HOLD, temporary tables. Settings
+given at connect time (`POOL_SESSION`, the URL's `options`) are what RESET returns to. The
+statements psycopg prepared for the service stay, within psycopg's own bound (`prepared_max`)."""
+_COMMIT = b"COMMIT; " + _RESET
+_ROLLBACK = b"ROLLBACK; " + _RESET
 _INERROR = psycopg.pq.TransactionStatus.INERROR
+_ACTIVE = psycopg.pq.TransactionStatus.ACTIVE
 _TX_IDLE = psycopg.pq.TransactionStatus.IDLE
+
+
+async def _end_failed(conn: TrioConnection) -> None:
+    """Roll back a lent connection's transaction and reset its session (`_RESET`), shielded and
+    bounded; close the connection when that cannot be done (a statement still in flight, no
+    answer in time, an error), so the pool never has it back dirty."""
+    if conn.closed:
+        return
+    if conn.pgconn.transaction_status == _ACTIVE:
+        conn.close_now()
+        return
+    with trio.CancelScope(shield=True) as scope:
+        scope.deadline = trio.current_time() + DRAIN_TIMEOUT
+        try:
+            await conn.execute(_ROLLBACK, prepare=False)
+        except psycopg.Error:
+            pass
+    if scope.cancelled_caught or conn.closed or conn.pgconn.transaction_status != _TX_IDLE:
+        conn.close_now()
 
 
 class _Session(Protocol):

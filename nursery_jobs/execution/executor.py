@@ -736,7 +736,7 @@ class QueueExecutor:
                 until.append(at)
 
     async def _run_batch(self, batch: Batch) -> None:
-        runner = self._batch_kinds[batch.kind]
+        runner = self._runners[batch.kind]  # looked up per run, as a plain job's is: the testing kit wraps one
         attempts = self._attempts
         batch.started = True
         jobs: list[BatchJob[Any]] = []

@@ -307,5 +307,9 @@ async def test_without_reset_a_handler_that_finds_its_work_done_passes(runtime: 
 
 async def test_a_handler_that_takes_another_path_after_reset_is_named(runtime: TestRuntime) -> None:
     runs.clear()
-    with pytest.raises(AssertionError, match=r"first_run_waits\(\) yielded 0 times this run, not the 1 of its clean run"):
+    with pytest.raises(AssertionError, match=r"first_run_waits\(\) took another path than its clean run") as failed:
         await nj.testing.check_at_least_once(first_run_waits, {}, observe=lambda: None, reset=lambda: None)
+    here = f"{Path(__file__).relative_to(Path.cwd())}:{line_of(first_run_waits.fn, '# state the test')} in first_run_waits"
+    assert (
+        f"its run ended after 0 checkpoint(s), before the clean run's checkpoint 1, {here}, waiting in trio._timeouts.sleep"
+    ) in str(failed.value)

@@ -38,10 +38,11 @@ closed, still busy (a COPY left half-way), or whose rollback failed.
 Blocking mode (`blocking=True`), for deterministic tests only. `trio.testing.MockClock` with
 `autojump_threshold=0` jumps virtual time whenever every task is blocked, and a task waiting for
 a socket looks blocked: virtual time would jump while a query runs. In blocking mode every wait
-is a blocking poll on the Trio thread (psycopg's own `waiting.wait`), followed by a Trio
-checkpoint, and connecting blocks too: the loop never sees I/O as idleness. The price is that a
-query cannot be cancelled while it runs (cancellation takes effect at the next checkpoint) and
-the whole loop stalls for each round trip. The LISTEN connection connects and subscribes
+is a Trio checkpoint followed by a blocking poll on the Trio thread (psycopg's own
+`waiting.wait`), and connecting blocks too: the loop never sees I/O as idleness. A cancellation
+delivered at that checkpoint finds nothing sent. The price is that a query cannot be cancelled
+while it runs (cancellation takes effect at the next checkpoint) and the whole loop stalls for
+each round trip. The LISTEN connection connects and subscribes
 blocking too, but waits for notifications with a Trio wait (it waits indefinitely). Never use
 it in production.
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 import select
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, NamedTuple
 
 import psycopg
 import trio
@@ -16,7 +16,7 @@ from psycopg.rows import tuple_row
 
 from ..owner import open_owner
 
-__all__ = ["DRAIN_TIMEOUT", "TrioConnection"]
+__all__ = ["DRAIN_TIMEOUT", "LentState", "TrioConnection"]
 
 log = logging.getLogger("nursery_jobs")
 
@@ -100,6 +100,17 @@ class _KeptParseCursor(psycopg.AsyncCursor[Any]):
     _query_cls = _ParsedOnce
 
 
+class LentState(NamedTuple):
+    """What `TrioConnection.lend` keeps of the connection's psycopg settings, for `take_back`."""
+
+    prepare_threshold: int | None
+    prepared_max: int | None
+    row_factory: Any
+    transaction_settings: tuple[Any, ...]
+    notice_handlers: tuple[Any, ...]
+    notify_handlers: tuple[Any, ...]
+
+
 class TrioConnection(psycopg.AsyncConnection[Any]):
     """psycopg's `AsyncConnection`, waiting through Trio (see the module doc). Open it with
     `infra.pg.connect` (`AsyncConnection.connect` would reach for asyncio); use it from one task at a
@@ -122,8 +133,41 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
         if cur is None:
             if len(self._cursors) >= _MAX_CACHED_CURSORS:
                 self._cursors.clear()
-            cur = self._cursors[key] = _KeptParseCursor(self, row_factory=self.row_factory)
+            # Tuples whatever the connection's row factory: code it was lent to may have set one.
+            cur = self._cursors[key] = _KeptParseCursor(self, row_factory=tuple_row)
         return cur
+
+    # -- lent to a service's code --
+
+    def lend(self) -> LentState:
+        """The psycopg settings to put back (`take_back`) when code this connection is lent to
+        has changed them."""
+        return LentState(
+            self.prepare_threshold,
+            self.prepared_max,
+            self.row_factory,
+            self._transaction_settings(),
+            tuple(self._notice_handlers),
+            tuple(self._notify_handlers),
+        )
+
+    def take_back(self, state: LentState) -> bool:
+        """Put back what `lend` kept, and drop the notifications received meanwhile (the
+        server-side session is the caller's to reset). False when the connection must not be
+        used again: its autocommit or transaction characteristics were changed, which psycopg
+        only lets change outside a transaction, so they are not set back here."""
+        self.prepare_threshold = state.prepare_threshold
+        self.prepared_max = state.prepared_max
+        self.row_factory = state.row_factory
+        self._notice_handlers[:] = state.notice_handlers
+        self._notify_handlers[:] = state.notify_handlers
+        backlog = getattr(self, "_notifies_backlog", None)  # notifications received outside notifies() (3.3 keeps them)
+        if backlog:
+            backlog.clear()
+        return self._transaction_settings() == state.transaction_settings
+
+    def _transaction_settings(self) -> tuple[Any, ...]:
+        return (self.autocommit, self.isolation_level, self.read_only, self.deferrable)
 
     @property
     def blocking(self) -> bool:
@@ -178,12 +222,11 @@ class TrioConnection(psycopg.AsyncConnection[Any]):
         return await self._wait_rw(fileno)
 
     async def _wait_blocking(self, gen: Any) -> Any:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        try:
-            result = waiting.wait(gen, self.pgconn.socket, interval=_BLOCKING_POLL_INTERVAL)
-        finally:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        return result
+        # The schedule point comes before the round trip, as in SQLite's deterministic mode: a
+        # cancellation delivered at it finds nothing sent, so the testing kit's cut at a
+        # checkpoint means "before this statement", however many round trips came before.
+        await trio.lowlevel.checkpoint()
+        return waiting.wait(gen, self.pgconn.socket, interval=_BLOCKING_POLL_INTERVAL)
 
     async def _wait_rw(self, fileno: int) -> int:
         """Wait until the socket is readable or writable (psycopg asks for either while it sends

@@ -312,9 +312,9 @@ async def test_the_runtime_runs_its_statements_on_generic_plans(pg_url: str) -> 
     assert ours, seen
     assert all(custom == 0 for _, _, custom in ours), [(t[:60], g, c) for t, g, c in ours]
     claims = [g for text, g, _ in ours if "FOR UPDATE SKIP LOCKED" in text and "claimed AS" in text]
-    assert claims and claims[0] >= 3, ours  # prepared once, then reused
+    assert claims and max(claims) >= 3, ours  # prepared once, then reused (the lean claim; the full one runs less)
     beats = [g for text, g, _ in ours if text.lstrip().startswith("UPDATE") and "heartbeat_at = $1" in text]
-    assert beats and beats[0] >= 3, ours
+    assert beats and max(beats) >= 3, ours
     _ = trio  # the module runs under pytest-trio
 
 

@@ -3,7 +3,9 @@
 `infra.pg.TrioConnection` replaces the one method where psycopg's `AsyncConnection` waits
 (`wait`) and its asyncio lock (`lock`), and closes through `_closed`; its cached cursors convert
 their statements with a `PostgresQuery` subclass that keeps psycopg's parse
-(`_query2pg_nocache`) of a long statement (`_query_cls`); `infra.aio` re-points
+(`_query2pg_nocache`) of a long statement (`_query_cls`); a lent connection is given back with
+its notice and notify handlers as they were (`_notice_handlers`, `_notify_handlers`) and its
+backlog of notifications dropped where psycopg keeps one (`_notifies_backlog`); `infra.aio` re-points
 `psycopg.waiting.get_running_loop` when psycopg was imported before trio-asyncio. None of these
 is psycopg's public API, so pyproject.toml pins psycopg to the versions they were checked on,
 and this file fails loudly, naming the name, on a psycopg that changed one of them.
@@ -42,6 +44,8 @@ def test_the_names_the_bridge_overrides_still_exist_with_their_shape():
         "AsyncConnection no longer takes self.lock: TrioConnection replaces it"
     )
     assert "self._closed" in inspect.getsource(base), "BaseConnection no longer has _closed: TrioConnection.close_now sets it"
+    for name in ("self._notice_handlers: list", "self._notify_handlers: list"):
+        assert name in inspect.getsource(base), f"BaseConnection no longer has {name}: TrioConnection.take_back restores it"
     assert callable(psycopg.waiting.wait) and hasattr(psycopg.waiting, "get_running_loop")
 
 
