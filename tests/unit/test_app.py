@@ -4,6 +4,7 @@ says what was wrong and what to do."""
 from __future__ import annotations
 
 import datetime
+import math
 
 import pytest
 import trio
@@ -180,8 +181,9 @@ def test_bad_backend_urls():
 
 
 async def test_snooze_and_discard_validate_their_arguments():
-    with pytest.raises(ValueError, match="finite and >= 0"):
-        nj.Snooze(-1)
+    for bad in (-1, math.nan, math.inf):
+        with pytest.raises(nj.ConfigError, match=f"Snooze seconds must be finite and >= 0, not {bad!r}"):
+            nj.Snooze(bad)
     with pytest.raises(TypeError):
         nj.Snooze("soon")  # type: ignore[arg-type]
     assert nj.Discard("gone").reason == "gone"
