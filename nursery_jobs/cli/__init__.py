@@ -353,6 +353,17 @@ def migrate(database_url: str, schema: str | None) -> None:
     from ..infra.pg import psycopg
 
     url = database_url
+    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    if scheme == "sqlite":
+        # Not a mistake to refuse: one deploy script may migrate whichever backend it is given.
+        click.echo("nothing to migrate: an SQLite database creates and upgrades its own schema when a runtime "
+                   "opens it; `nursery-jobs migrate` is for PostgreSQL")  # fmt: skip
+        return
+    if scheme not in ("", "postgresql", "postgres"):
+        raise Failure(
+            f"migrate is for PostgreSQL (--database-url postgresql://user@host/db), not {redact(scheme, url)}://"
+            + ("; the memory backend has no schema to create" if scheme == "memory" else "")
+        )
     try:
         conninfo, opts = parse_postgres_url(url)
         name = schema or opts["schema"]

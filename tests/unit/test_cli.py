@@ -252,6 +252,18 @@ def test_migrate_is_still_one_line_for_a_bad_url(capsys: pytest.CaptureFixture[s
     assert "bad PostgreSQL URL" in one_line(err, "migrate")
 
 
+def test_migrate_says_it_is_for_postgresql_and_that_sqlite_migrates_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "migrate", "--database-url", "sqlite:///jobs.db")
+    assert (code, err) == (0, "")
+    assert out == (
+        "nothing to migrate: an SQLite database creates and upgrades its own schema when a runtime opens it; "
+        "`nursery-jobs migrate` is for PostgreSQL\n"
+    )
+    code, out, err = run(capsys, "migrate", "--database-url", f"mysql://svc:{SECRET}@db/app")
+    assert (code, out) == (2, "")
+    assert one_line(err, "migrate") == "migrate is for PostgreSQL (--database-url postgresql://user@host/db), not mysql://"
+
+
 BOUNDED_APP = '''
 import nursery_jobs as nj
 
