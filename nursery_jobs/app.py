@@ -225,6 +225,15 @@ class JobKind(Generic[P, R]):
                 f"args {_short(args)} do not fit job {self.name!r}: {exc} (it takes {takes})"
             ) from None
 
+    def check_stored_args(self, args: Mapping[str, Any]) -> None:
+        """`ArgsError` unless `args`, read back from a backend, fit the handler as an enqueue
+        through this kind would have required: they bind to its parameters and have the types
+        its annotations say. The worker checks every job before its call: one stored without
+        that check would otherwise fail every attempt alike."""
+        self.check_args(args)
+        if self._types is not None:
+            self._types.check(args)
+
     def _args_json(self, args: Mapping[str, Any]) -> str:
         if type(args) is not dict:
             if not isinstance(args, abc.Mapping):

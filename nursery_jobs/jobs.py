@@ -444,7 +444,7 @@ class Snooze(Exception):
         if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
             raise TypeError(f"Snooze seconds must be a number, not {seconds!r}")
         if not math.isfinite(seconds) or seconds < 0:
-            raise ValueError(f"Snooze seconds must be finite and >= 0, not {seconds!r}")
+            raise ConfigError(f"Snooze seconds must be finite and >= 0, not {seconds!r}")
         super().__init__(seconds)
         self.seconds = float(seconds)
 

@@ -79,11 +79,11 @@ from .errors import ConfigError
 from .execution.attempt import AttemptRegistry, KindRunner
 from .execution.completer import Completer
 from .execution.executor import QueueExecutor
-from .execution.resources import check_replacements, open_resources
+from .execution.resources import check_replacements, holder_of, open_resources
 from .infra.owner import TaskOwner, open_owner
 from .infra.runner import run_trio, watch_shutdown_signals
 from .infra.threads import ThreadBudget, current_budget
-from .infra.watchdog import watch_blocked_loop
+from .infra.watchdog import Culprit, Holder, watch_blocked_loop
 from .services import ServiceSet
 from .services.backend import BackendService
 from .services.heartbeats import CancelHints, Heartbeats
@@ -462,7 +462,7 @@ async def open_runtime(
         needs_aio = any(k.asyncio and k.queue in names for k in app.kinds.values())
         try:
             async with AsyncExitStack() as stack:
-                stack.enter_context(watch_blocked_loop(settings.blocked_loop_warning, culprit_of))
+                stack.enter_context(watch_blocked_loop(settings.blocked_loop_warning, _culprit_or_holder))
                 if needs_aio:  # imported only when needed: trio_asyncio costs 0.3 s to import
                     from .infra.aio import maybe_open_loop
 
@@ -507,6 +507,11 @@ async def open_runtime(
         current_enqueuer.reset(token)
     if rt._exit is not None:
         raise rt._exit  # a handler's sys.exit(): everything else is written, now exit
+
+
+def _culprit_or_holder(task: trio.lowlevel.Task) -> Culprit | Holder | None:
+    """Whose code a blocked-loop step ran: a job's, else an app resource's (opening or closing)."""
+    return culprit_of(task) or holder_of(task)
 
 
 def run(

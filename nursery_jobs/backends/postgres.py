@@ -254,7 +254,9 @@ def _conninfo_params(conninfo: str) -> dict[str, Any]:
     try:
         return conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError as exc:
-        raise ConfigError(f"bad PostgreSQL URL: {redact(_one_line(exc), conninfo)}") from None
+        message = f"bad PostgreSQL URL: {redact(_one_line(exc), conninfo)}"
+    # Raised outside the handler, so libpq's error, which quotes the password, is not its context.
+    raise ConfigError(message)
 
 
 def _display_url(params: Mapping[str, Any], schema: str) -> str:
@@ -354,6 +356,13 @@ def migrate(conninfo: str, schema: str = "nursery_jobs") -> list[str]:
     from several processes at once (an advisory lock serialises them)."""
     check_schema_name(schema)
     _conninfo_params(conninfo)
+    try:
+        return _migrate(conninfo, schema)
+    except psycopg.Error as exc:
+        raise redact_exception(exc, conninfo)  # libpq's messages can quote the URL back
+
+
+def _migrate(conninfo: str, schema: str) -> list[str]:
     ident = sql.Identifier(schema)
     applied: list[str] = []
     with psycopg.connect(conninfo, autocommit=True) as conn:
@@ -583,6 +592,7 @@ class PostgresBackend:
     async def open(self) -> None:
         if self._pool is not None:
             return
+        bad_url: str | None = None
         try:
             pool = PgPool(
                 self.conninfo,
@@ -593,7 +603,12 @@ class PostgresBackend:
                 session=POOL_SESSION,
             )
         except psycopg.ProgrammingError as exc:
-            raise ConfigError(f"bad PostgreSQL URL: {redact(_one_line(exc), self.conninfo)}") from None
+            bad_url = f"bad PostgreSQL URL: {redact(_one_line(exc), self.conninfo)}"
+        # Each error below is raised outside the handler that caught psycopg's: that one may
+        # quote the URL, and would be the context of ours.
+        if bad_url is not None:
+            raise ConfigError(bad_url)
+        failed: psycopg.Error | None = None
         try:
             async def check(conn: TrioConnection) -> int | None:
                 self._dbname = conn.info.dbname
@@ -601,19 +616,21 @@ class PostgresBackend:
 
             version = await pool.run(check)
         except psycopg.Error as exc:
+            failed = exc
+        if failed is not None:
             await pool.close()
-            kind = _failure_kind(exc)
+            kind = _failure_kind(failed)
             if kind is _Failure.CLIENT:
-                raise ConfigError(f"bad PostgreSQL URL: {self._describe(exc)}") from None
+                raise ConfigError(f"bad PostgreSQL URL: {self._describe(failed)}")
             if kind is _Failure.LOST:
                 raise BackendUnavailable(
-                    f"cannot connect to PostgreSQL at {self.url} ({self._describe(exc)}); "
+                    f"cannot connect to PostgreSQL at {self.url} ({self._describe(failed)}); "
                     "check the URL and that the server is running"
-                ) from None
+                )
             raise BackendUnavailable(
                 f"PostgreSQL returned an error while checking the schema {self.schema!r} at {self.url} "
-                f"({self._describe(exc)})"
-            ) from None
+                f"({self._describe(failed)})"
+            )
         if version is None or version < LATEST_VERSION:
             await pool.close()
             what = "does not exist" if version is None else f"is at version {version}, this nursery_jobs needs {LATEST_VERSION}"

@@ -8,7 +8,9 @@ URL asks for it (the PostgreSQL backend brings psycopg).
 
 from __future__ import annotations
 
+import re
 from typing import Callable
+from urllib.parse import quote
 
 from ..errors import ConfigError
 from ..infra.redact import redact
@@ -43,7 +45,10 @@ def open_backend(url: str) -> Backend:
         raise ConfigError(f"backend must be a URL string or a Backend, not {type(url).__name__}")
     scheme, sep, _ = url.partition("://")
     if not sep:
-        raise ConfigError(f"backend URL {redact(url, url)!r} has no scheme; use 'memory://'")
+        raise ConfigError(
+            f"backend URL {redact(url, url)!r} has no scheme; did you mean {redact(_with_scheme(url), url)!r}? "
+            f"(supported: {', '.join(repr(f'{s}://') for s in schemes())})"
+        )
     opener = _OPENERS.get(scheme)
     if opener is None:
         raise ConfigError(
@@ -51,6 +56,44 @@ def open_backend(url: str) -> Backend:
             + ", ".join(f"'{s}://'" for s in schemes())
         )
     return opener(url)
+
+
+def _with_scheme(url: str) -> str:
+    """The URL that `url`, which has no ``scheme://``, most likely meant: its own scheme with the
+    slashes it lacks (``sqlite:/jobs.db``), a PostgreSQL URL for what names a user, a host or
+    conninfo keys, an SQLite one for a file path, else ``memory://``."""
+    text = url.strip()
+    named = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):/*(.*)$", text, re.S)
+    if named and named.group(1).lower() in _OPENERS:
+        scheme, rest = named.group(1).lower(), named.group(2)
+        if scheme == "memory":
+            return "memory://"
+        if scheme == "sqlite":
+            return f"sqlite:///{rest or 'jobs.db'}"
+        return f"{scheme}://{rest or 'user@host/dbname'}"
+    if text.lower() in ("", ":memory:"):
+        return "memory://"
+    keys = {m.group(1).lower(): _conninfo_value(m.group(2)) for m in _CONNINFO_PAIR.finditer(text)}
+    if keys.keys() & {"host", "hostaddr", "dbname", "user", "port", "password"}:
+        # A libpq key=value conninfo: the same settings as a URL (every value percent-encoded,
+        # so `redact` finds the password in it as in any URL).
+        part = {k: quote(v, safe="") for k, v in keys.items()}
+        userinfo = part.get("user", "") + (f":{part['password']}" if "password" in part else "")
+        port = f":{part['port']}" if "port" in part else ""
+        host = part.get("host", part.get("hostaddr", ""))
+        return f"postgresql://{userinfo + '@' if userinfo else ''}{host}{port}/{part.get('dbname', '')}"
+    file = _FILE.search(text) is not None or text.startswith(("/", "~", "."))
+    if "@" in text or (not file and re.fullmatch(r"[\w.-]+:\d+/\w+", text)):
+        return f"postgresql://{text}"
+    return f"sqlite:///{text}" if file or "/" in text else "memory://"
+
+
+_CONNINFO_PAIR = re.compile(r"(\w+)\s*=\s*('(?:[^'\\]|\\.)*'|\S+)")
+_FILE = re.compile(r"\.(db|sqlite3?)$", re.I)
+
+
+def _conninfo_value(raw: str) -> str:
+    return re.sub(r"\\(.)", r"\1", raw[1:-1]) if raw.startswith("'") and raw.endswith("'") else raw
 
 
 def _memory(url: str) -> Backend:

@@ -853,7 +853,9 @@ class SqliteBackend:
         """``fn(*args)`` on the connection. Every call starts with `BEGIN IMMEDIATE` (or is a
         read), so "database is locked" means nothing was written: another connection held the
         write lock past `busy_timeout` (an operator's shell, a backup). Such a call is retried
-        with backoff for up to `outage_timeout`, then `BackendUnavailable` says so; any other
+        with backoff for up to `outage_timeout` from its start, its waits for the connection
+        included, then `BackendUnavailable` says so: a call ends within `outage_timeout` plus the
+        one `busy_timeout` of an attempt begun before that, however many wait; any other
         SQLite error is a `BackendUnavailable` at once, naming the cause. A write from inside
         this backend's own `transaction()` block is a `ConfigError`: it would wait for the
         block's own write lock."""
@@ -867,22 +869,27 @@ class SqliteBackend:
             await self.open()
         deadline = trio.current_time() + self.outage_timeout
         delay = 0.05
+        lock = self._lock
         while True:
             try:
-                async with self._lock:
+                if lock.locked():
+                    # The wait for the connection counts against the deadline too: behind other
+                    # calls that each wait `busy_timeout` for the file, a call would otherwise
+                    # give up only after a `busy_timeout` per call ahead of it.
+                    with trio.move_on_at(deadline) as waited:
+                        await lock.acquire()
+                    if waited.cancelled_caught:
+                        raise self._unavailable("the calls ahead of this one on its connection met the same lock")
+                else:
+                    await lock.acquire()
+                try:
                     return await self._io(fn, *args)
+                finally:
+                    lock.release()
             except sqlite3.OperationalError as exc:
                 locked = "locked" in str(exc) or "busy" in str(exc)
                 if not locked or trio.current_time() + delay > deadline:
-                    what = (
-                        f"another connection held its write lock for over {self.outage_timeout:g} s"
-                        if locked
-                        else "an SQLite error"
-                    )
-                    raise BackendUnavailable(
-                        f"SQLite database {self.path!r} unavailable: {what} ({exc}); check for long "
-                        "transactions, a backup in progress, or the disk"
-                    ) from exc
+                    raise self._unavailable(str(exc), locked) from exc
                 log.warning(
                     "SQLite database %r is locked (%s); retrying in %.2f s",
                     self.path,
@@ -894,6 +901,13 @@ class SqliteBackend:
                 delay = min(delay * 2, 2.0)
             except sqlite3.DatabaseError as exc:
                 raise BackendUnavailable(f"SQLite database {self.path!r} failed: {exc}") from exc
+
+    def _unavailable(self, cause: str, locked: bool = True) -> BackendUnavailable:
+        what = f"another connection held its write lock for over {self.outage_timeout:g} s" if locked else "an SQLite error"
+        return BackendUnavailable(
+            f"SQLite database {self.path!r} unavailable: {what} ({cause}); check for long "
+            "transactions, a backup in progress, or the disk"
+        )
 
     def _tx(self, body: Callable[[sqlite3.Connection], Any]) -> Any:
         conn = self._conn

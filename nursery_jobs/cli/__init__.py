@@ -227,7 +227,7 @@ def _queue_names(given: str | None, declared: list[str]) -> list[str] | None:
     type=int,
     default=None,
     metavar="N",
-    help="Without --app only: attempts before the job is discarded (default: 25, @app.job's).",
+    help="Attempts before the job is discarded (default: the kind's with --app, else 25, @app.job's).",
 )
 def enqueue(
     kind: str,
@@ -244,9 +244,11 @@ def enqueue(
 
     With --app, the job is what the service's own `await kind.enqueue(**args)` would make: the
     kind must be declared, --args must fit its handler, and its queue, attempts and priority are
-    the declaration's. Without it, nothing about the kind is known here: the job goes to --queue
-    (default 'default') as given, and a wrong name or queue is only found by the worker (an
-    unknown kind is discarded) or never (a queue no worker runs).
+    the declaration's unless --max-attempts or --priority says otherwise. Without it, nothing
+    about the kind is known here: the job goes to --queue (default 'default') as given, and a
+    wrong name, queue or args are only found by the worker (it discards a job of a kind it does
+    not register, or whose args do not fit the handler, without running it) or never (a queue no
+    worker runs).
     """
     import json
 
@@ -262,11 +264,12 @@ def enqueue(
     if not isinstance(args, dict):
         shown = args_json if len(args_json) <= 80 else args_json[:77] + "..."
         raise Failure(f"--args must be a JSON object of keyword arguments, not {type(args).__name__}: {shown}")
+    if max_attempts is not None and max_attempts < 1:
+        raise Failure(f"--max-attempts must be an int >= 1, not {max_attempts!r}")
     try:
         if app_spec is not None:
-            if queue is not None or max_attempts is not None:
-                given = "--queue" if queue is not None else "--max-attempts"
-                raise Failure(f"{given} comes from the app's declaration of {kind!r} when --app is given; drop it")
+            if queue is not None:
+                raise Failure(f"--queue comes from the app's declaration of {kind!r} when --app is given; drop it")
             loaded = load_app(app_spec)
             job_kind = loaded.kind(kind)
             limit = loaded.queues[job_kind.queue].max_length
@@ -286,6 +289,8 @@ def enqueue(
             await store.open()
             try:
                 new = job_kind.new_job(args, opts, store.now(), store.wall_offset())
+                if max_attempts is not None:
+                    new = new._replace(max_attempts=max_attempts)
                 [(job_id, existing)] = await store.insert_many([new], bounds) if bounds else await store.insert_many([new])
                 return job_id, existing, new.unique_key
             finally:
@@ -348,6 +353,17 @@ def migrate(database_url: str, schema: str | None) -> None:
     from ..infra.pg import psycopg
 
     url = database_url
+    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    if scheme == "sqlite":
+        # Not a mistake to refuse: one deploy script may migrate whichever backend it is given.
+        click.echo("nothing to migrate: an SQLite database creates and upgrades its own schema when a runtime "
+                   "opens it; `nursery-jobs migrate` is for PostgreSQL")  # fmt: skip
+        return
+    if scheme not in ("", "postgresql", "postgres"):
+        raise Failure(
+            f"migrate is for PostgreSQL (--database-url postgresql://user@host/db), not {redact(scheme, url)}://"
+            + ("; the memory backend has no schema to create" if scheme == "memory" else "")
+        )
     try:
         conninfo, opts = parse_postgres_url(url)
         name = schema or opts["schema"]
@@ -369,6 +385,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         result = cli.main(args=args, prog_name="nursery-jobs", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        exc.show()  # the bare command: its help is the answer
+        return exc.exit_code
+    except click.UsageError as exc:
+        # click's own answer is four lines (usage, a hint, a blank, the error): one line, as
+        # every other mistake gets.
+        path = exc.ctx.command_path if exc.ctx is not None else "nursery-jobs"
+        sentences = " ".join(exc.format_message().split()).rstrip(".").split(". ")
+        text = "; ".join(f"{t[:1].lower()}{t[1:]}" for t in sentences)
+        click.echo(f"{path}: {text} (see '{path} --help')", err=True)
+        return exc.exit_code
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code

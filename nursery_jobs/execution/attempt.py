@@ -38,6 +38,7 @@ from ..app import BatchKind, JobKind, Middleware
 from ..backends import ClaimedJob, Outcome, OutcomeKind
 from ..backends.transitions import on_failure
 from ..config import RetryPolicy
+from ..errors import ArgsError
 from ..infra.sync import Wakeup
 from ..jobs import (
     BatchJob,
@@ -47,6 +48,7 @@ from ..jobs import (
     Resources,
     Snooze,
     clean_text,
+    decode_args,
     describe_exception,
     format_traceback,
 )
@@ -62,6 +64,7 @@ __all__ = [
     "decide_batch",
     "process_exit",
     "report_failure",
+    "stored_args",
 ]
 
 log = logging.getLogger("nursery_jobs")
@@ -471,6 +474,25 @@ def report_failure(job: ClaimedJob, outcome: Outcome, duration: float, now: floa
                 "retry_in": retry_in,
             },
         )
+
+
+def stored_args(kind: JobKind[Any, Any], text: str) -> dict[str, Any]:
+    """The args of a claimed job of `kind`, held to its handler as an enqueue through the app
+    holds them (`JobKind.check_stored_args`): the job may have been stored without that check
+    (`nursery-jobs enqueue` without `--app`, a process running another version of the app,
+    SQL), and args that no call can take would fail every attempt alike. ValueError, with the
+    message the job's discard records, when the text is not a JSON object or does not fit."""
+    try:
+        args = decode_args(text)
+        kind.check_stored_args(args)
+    except ArgsError as exc:
+        raise ValueError(
+            f"job args do not fit the handler: {exc}; no attempt could succeed, so the job was not run. "
+            "Enqueue it again with args that fit (`nursery-jobs enqueue --app MODULE:APP` checks them)"
+        ) from None
+    except ValueError as exc:
+        raise ValueError(f"job args could not be decoded: {exc}") from None
+    return args
 
 
 def _one_line(text: str, limit: int = 500) -> str:

@@ -76,11 +76,10 @@ import trio
 from .._context import current_attempt, current_worker_box
 from ..backends import Backend, ClaimedJob, ClaimResult, Outcome, OutcomeKind
 from ..config import QueueConfig
-from ..errors import ArgsError
 from ..infra.owner import open_children, open_owner
 from ..infra.sync import Mailbox, Wakeup
 from ..app import BatchKind
-from ..jobs import BatchContext, BatchJob, Discard, JobContext, JobError, clean_text, decode_args
+from ..jobs import BatchContext, BatchJob, Discard, JobContext, JobError, clean_text
 from .attempt import (
     Attempt,
     AttemptRegistry,
@@ -92,6 +91,7 @@ from .attempt import (
     process_exit,
     report_failure,
     split_cut,
+    stored_args,
 )
 from .completer import Completer
 
@@ -622,13 +622,11 @@ class QueueExecutor:
             self._discard(job, f"unknown job kind {job.kind!r}: no @app.job registers it in this process")
             return None
         try:
-            args = decode_args(job.args_json)
-            runner.job_kind.check_args(args)  # stored args that no call could bind fail every attempt alike
-        except ValueError as exc:  # ArgsError too
+            args = stored_args(runner.job_kind, job.args_json)
+        except ValueError as exc:
             if attempt is not None:
                 self._attempts.end(attempt)
-            what = "do not fit the handler" if isinstance(exc, ArgsError) else "could not be decoded"
-            self._discard(job, clean_text(f"job args {what}: {exc}"))
+            self._discard(job, clean_text(str(exc)))
             return None
         return runner, args
 
@@ -747,10 +745,10 @@ class QueueExecutor:
                 self._not_started(member)  # cancelled or lost while it was collected
                 continue
             try:
-                args = decode_args(job.args_json)
+                args = stored_args(runner.job_kind, job.args_json)
             except ValueError as exc:
                 attempts.end(member)
-                self._discard(job, clean_text(f"job args could not be decoded: {exc}"))
+                self._discard(job, clean_text(str(exc)))
                 continue
             running.append(member)
             jobs.append(BatchJob(member, args))

@@ -20,22 +20,69 @@ its `yield` opens it, the code after closes it. Every open and every close is bo
 
 A test passes `resources={"http": fake}` to `open_runtime`: a replaced resource is never opened
 or closed, its value is the fake as given.
+
+A resource opens and closes in the runtime's own task, so a blocking call in it (a synchronous
+client's connect) would be blamed by the blocked-loop watchdog on that task, a name the
+operator never wrote. `holder_of` names the resource instead: each open and close runs between
+two checkpoints of its own, with `_current` set, so the step that ran the resource's code ends
+while the watchdog can still see whose it was.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Awaitable, Mapping
 
 import trio
 
 from ..errors import ConfigError, ResourceError
+from ..infra.watchdog import Holder
 from ..jobs import Resource, Resources, describe_exception
 
-__all__ = ["check_replacements", "open_resources"]
+__all__ = ["check_replacements", "holder_of", "open_resources"]
 
 log = logging.getLogger("nursery_jobs")
+
+class _Step:
+    """The resource whose open or close runs now, in `task`; a task the resource starts meanwhile
+    inherits it."""
+
+    __slots__ = ("name", "doing", "task", "returned")
+
+    def __init__(self, name: str, doing: str, task: trio.lowlevel.Task) -> None:
+        self.name = name
+        self.doing = doing
+        self.task = task
+        self.returned = False
+
+
+_current: contextvars.ContextVar[_Step | None] = contextvars.ContextVar("nursery_jobs.resource_step", default=None)
+
+
+def holder_of(task: trio.lowlevel.Task) -> Holder | None:
+    """The resource whose code `task` ran in its last step, for the blocked-loop watchdog."""
+    step = task.context.get(_current)
+    if step is None:
+        return None
+    own = step.task is task
+    where = f"while {'opening' if step.doing == 'open' else 'closing'}" if own else f"in its task {task.name!r}"
+    ended = f"its {step.doing}" if own and step.returned else None
+    return Holder("resource", step.name, f"resource {step.name!r} ({where})", ended)
+
+
+async def _as_resource(name: str, doing: str, code: Awaitable[Any]) -> Any:
+    await trio.lowlevel.checkpoint()  # what ran before is not the resource's
+    step = _Step(name, doing, trio.lowlevel.current_task())
+    token = _current.set(step)
+    try:
+        result = await code
+        step.returned = True
+        await trio.lowlevel.checkpoint()  # the step that ran its code ends here, still named
+        return result
+    finally:
+        _current.reset(token)
 
 
 def check_replacements(declared: Mapping[str, Resource[Any]], replaced: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -85,7 +132,7 @@ async def open_resources(
 async def _open_one(name: str, manager: AbstractAsyncContextManager[Any], bound: float) -> Any:
     with trio.move_on_after(bound) as scope:
         try:
-            return await manager.__aenter__()
+            return await _as_resource(name, "open", manager.__aenter__())
         except Exception as exc:
             if scope.cancel_called:
                 raise _hung_opening(name, bound) from exc
@@ -114,7 +161,7 @@ async def _close_all(
         error: BaseException | None = None
         with trio.move_on_after(bound, shield=True) as scope:
             try:
-                await manager.__aexit__(None, None, None)
+                await _as_resource(name, "close", manager.__aexit__(None, None, None))
             except Exception as exc:
                 error = exc
         if error is not None:

@@ -25,10 +25,12 @@ subtraction, a store and a compare on slots, with no lookup and no allocation. T
 whose it was.
 
 Attribution. The instrument knows a `trio.lowlevel.Task`, not a job: whoever registers hands it
-`describe(task) -> Culprit | None`, called only for an offending step. A task that is not a
-job's (a runtime service, a task of the service around the runtime) is still reported, by its
-Trio task name and the place where it gave the loop back: it stalled the jobs just the same, and
-the name is often all an operator needs.
+`describe(task) -> Culprit | Holder | None`, called only for an offending step. A `Holder` is
+code that is no job's but has a name the operator knows better than its task's (an app's
+resource, opening in the runtime's task). Any other task (a runtime service, a task of the
+service around the runtime) is still reported, by its Trio task name and the place where it
+gave the loop back: it stalled the jobs just the same, and the name is often all an operator
+needs.
 
 One instrument per `trio.run`. Several runtimes may run in one Trio run; each registers its
 threshold and describe function with a shared instrument (held in a `RunVar`), which is added
@@ -54,7 +56,7 @@ from typing import Callable, Iterator, NamedTuple
 
 import trio
 
-__all__ = ["Culprit", "LoopWatch", "REPEAT_WINDOW", "watch_blocked_loop"]
+__all__ = ["Culprit", "Holder", "LoopWatch", "REPEAT_WINDOW", "watch_blocked_loop"]
 
 log = logging.getLogger("nursery_jobs")
 
@@ -90,7 +92,20 @@ class Culprit(NamedTuple):
     """The name of the job's child task (`ctx.children()`) that held the loop, if not the worker."""
 
 
-Describe = Callable[[trio.lowlevel.Task], "Culprit | None"]
+class Holder(NamedTuple):
+    """Code that is not a job's but that an operator knows by a name of its own: an app's
+    resource, opening or closing in the runtime's task. `label` names it in the warning; the
+    record carries `name` in a field called `field` (``resource="http"``)."""
+
+    field: str
+    name: str
+    label: str
+    ended: str | None = None
+    """Where the step ended when it ran to the end of the holder's code (``its open``), so there is
+    no await of its own to point at."""
+
+
+Describe = Callable[[trio.lowlevel.Task], "Culprit | Holder | None"]
 
 
 class _Registration:
@@ -183,7 +198,13 @@ class LoopWatch(trio.abc.Instrument):
         # A hook that raises is disabled by Trio for the rest of the run: nothing here may raise.
         try:
             culprit = self._culprit(task)
-            key: object = task if culprit is None else (culprit.job_id, culprit.kind, culprit.queue)
+            key: object
+            if culprit is None:
+                key = task
+            elif isinstance(culprit, Holder):
+                key = (culprit.field, culprit.name, culprit.label)
+            else:
+                key = (culprit.job_id, culprit.kind, culprit.queue)
             repeats = self._repeats.get(key)
             if repeats is not None:
                 repeats.steps += 1
@@ -201,18 +222,25 @@ class LoopWatch(trio.abc.Instrument):
         # Reporting took time of its own: the next step is measured from here.
         self._last = self._clock()
 
-    def _culprit(self, task: trio.lowlevel.Task) -> Culprit | None:
+    def _culprit(self, task: trio.lowlevel.Task) -> Culprit | Holder | None:
         for reg in self._registrations:
             culprit = reg.describe(task)
             if culprit is not None:
                 return culprit
         return None
 
-    def _log_first(self, task: trio.lowlevel.Task, culprit: Culprit | None, key: object, held: float, now: float) -> None:
-        released = None if culprit is not None and culprit.ended else released_at(task, jobs=culprit is not None)
+    def _log_first(
+        self, task: trio.lowlevel.Task, culprit: Culprit | Holder | None, key: object, held: float, now: float
+    ) -> None:
+        ended = culprit.ended if culprit is not None else False
+        released = None if ended else released_at(task, jobs=culprit is not None)
+        extra: dict[str, object]
         if culprit is None:
             label = f"task {task.name!r} (not a job{_ASYNCIO_HINT if task.name.startswith('trio_asyncio') else ''})"
-            extra: dict[str, object] = {"job_id": None, "kind": None, "queue": None}
+            extra = {"job_id": None, "kind": None, "queue": None}
+        elif isinstance(culprit, Holder):
+            label = culprit.label
+            extra = {"job_id": None, "kind": None, "queue": None, culprit.field: culprit.name}
         else:
             label = f"job {culprit.job_id} (kind {culprit.kind!r}, queue {culprit.queue!r})"
             if culprit.child is not None:
@@ -220,8 +248,8 @@ class LoopWatch(trio.abc.Instrument):
             extra = {"job_id": culprit.job_id, "kind": culprit.kind, "queue": culprit.queue}
         extra["task"] = task.name
         extra["event"] = "blocked_loop"
-        if culprit is not None and culprit.ended:
-            where = ", up to the end of its attempt"
+        if ended:
+            where = f", up to the end of {culprit.ended if isinstance(culprit, Holder) else 'its attempt'}"
         elif released is not None:
             where = f" (it gave the loop back at {released})"
         elif getattr(task.coro, "cr_frame", True) is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import pytest
 import trio
 
@@ -198,6 +200,50 @@ async def test_unknown_kind_and_undecodable_args_are_discarded_with_an_error(mak
     assert r1.state is nj.JobState.DISCARDED and "unknown job kind 'vanished'" in r1.error
     assert r2.state is nj.JobState.DISCARDED and "could not be decoded" in r2.error
     assert ok.state is nj.JobState.COMPLETED
+
+
+async def test_args_stored_without_the_handlers_check_are_discarded_before_the_call(make_backend, autojump_clock):
+    # What `nursery-jobs enqueue` without --app stores, or a process running an older version
+    # of the app: args that bind to the handler but have the wrong types, and a batch job whose
+    # args miss a field of its TypedDict. No attempt could succeed: none is made.
+    from nursery_jobs.backends import NewJob
+
+    app = nj.App()
+    called: list[object] = []
+
+    @app.job(retry=FAST_RETRY)
+    async def deliver(ctx: nj.JobContext, event_id: int, tags: list[str] | None = None) -> None:
+        called.append(event_id)
+
+    @app.batch_job(max_size=5, max_wait=0)
+    async def index(ctx: nj.BatchContext, jobs: list[nj.BatchJob[_Doc]]) -> None:
+        called.extend(j.args["doc_id"] for j in jobs)
+
+    backend = make_backend()
+    async with nj.open_runtime(app, backend=backend) as rt:
+        stored = await backend.insert_many(
+            [
+                NewJob("deliver", "default", '{"event_id": "x"}', 0, None, 25),
+                NewJob("deliver", "default", '{"event_id": 1, "tags": [2]}', 0, None, 25),
+                NewJob("index", "default", '{"title": "no id"}', 0, None, 25),
+            ]
+        )
+        receipts = [await rt.wait(s.id, timeout=5) for s in stored]
+        jobs = [await rt.get_job(s.id) for s in stored]
+        ok = [await rt.wait(await deliver.enqueue(event_id=7), timeout=5), await rt.wait(await index.enqueue(doc_id=8), timeout=5)]
+    assert [r.state for r in receipts] == [nj.JobState.DISCARDED] * 3
+    assert [j.attempt for j in jobs] == [1, 1, 1]  # discarded at once, not retried 25 times
+    assert called == [7, 8]
+    assert [r.state for r in ok] == [nj.JobState.COMPLETED] * 2
+    first, second, third = (j.errors[-1].message for j in jobs)
+    assert first.startswith("job args do not fit the handler: job 'deliver': argument 'event_id' must be int, not 'x'")
+    assert "Enqueue it again with args that fit" in first
+    assert "argument 'tags' must be list[str] | None, not [2]" in second
+    assert "job 'index': args {'title': 'no id'} do not fit its args type" in third and "doc_id" in third
+
+
+class _Doc(TypedDict):
+    doc_id: int
 
 
 @pytest.mark.parametrize("jitter", [0.0, 0.1])

@@ -20,6 +20,7 @@ BAD_ROWS = [
     ("record", '"just a string"'),
     ("record", "{not json"),  # both durable backends store the args as text
     ("record", '{"n": 1, "unexpected": 2}'),  # valid JSON that no call of the handler can bind
+    ("record", '{"n": "x"}'),  # binds, but not to the handler's annotation (n: int)
 ]
 
 
@@ -48,6 +49,8 @@ def test_unrunnable_rows_are_discarded_with_an_error_and_the_worker_goes_on(spaw
             assert "unknown job kind 'no_such_kind'" in job.errors[0], job
         elif "unexpected" in args_json:
             assert "do not fit the handler" in job.errors[0], job
+        elif '"x"' in args_json:
+            assert "do not fit the handler: job 'record': argument 'n' must be int, not 'x'" in job.errors[0], job
         elif args_json.startswith("{"):
             assert "could not be decoded" in job.errors[0], job
         else:

@@ -4,6 +4,7 @@ says what was wrong and what to do."""
 from __future__ import annotations
 
 import datetime
+import math
 
 import pytest
 import trio
@@ -180,8 +181,9 @@ def test_bad_backend_urls():
 
 
 async def test_snooze_and_discard_validate_their_arguments():
-    with pytest.raises(ValueError, match="finite and >= 0"):
-        nj.Snooze(-1)
+    for bad in (-1, math.nan, math.inf):
+        with pytest.raises(nj.ConfigError, match=f"Snooze seconds must be finite and >= 0, not {bad!r}"):
+            nj.Snooze(bad)
     with pytest.raises(TypeError):
         nj.Snooze("soon")  # type: ignore[arg-type]
     assert nj.Discard("gone").reason == "gone"
@@ -313,3 +315,26 @@ def test_a_job_with_a_rate_stores_its_key_and_rate_with_each_job():
     assert (one.rate_key, one.rate_limit, one.rate_per, one.concurrency_key) == ("a", 3, 10.0, "c")
     assert (none.rate_key, none.rate_limit, none.rate_per) == (None, None, None)  # no limit for this job
     assert [(j.rate_key, j.rate_limit) for j in many] == [("b", 3), (None, None)]
+
+
+@pytest.mark.parametrize(
+    "url, meant",
+    [
+        ("memory", "memory://"),
+        (":memory:", "memory://"),
+        ("jobs.db", "sqlite:///jobs.db"),
+        ("/var/lib/service/jobs.sqlite3", "sqlite:////var/lib/service/jobs.sqlite3"),
+        ("data/jobs", "sqlite:///data/jobs"),
+        ("sqlite:/jobs.db", "sqlite:///jobs.db"),
+        ("postgresql:app@db.internal/app", "postgresql://app@db.internal/app"),
+        ("app:pw@db.internal:5432/app", "postgresql://app:***@db.internal:5432/app"),
+        ("db.internal:5432/app", "postgresql://db.internal:5432/app"),
+        ("host=db.internal port=5432 dbname=app user=root password='a b'", "postgresql://root:***@db.internal:5432/app"),
+    ],
+)
+def test_a_url_without_a_scheme_suggests_the_one_it_looks_like(url: str, meant: str) -> None:
+    with pytest.raises(nj.ConfigError) as refused:
+        nj.open_backend(url)
+    message = str(refused.value)
+    assert f"has no scheme; did you mean {meant!r}? (supported: 'memory://', 'postgres://'" in message, message
+    assert "pw" not in message and "a b" not in message and "a%20b" not in message

@@ -214,6 +214,34 @@ async def test_a_task_that_is_not_a_job_is_named_by_its_task(clock, caplog_warni
     assert f"task {record.task!r} (not a job) held the Trio loop for 0.70 s" in record.getMessage()  # type: ignore[attr-defined]
 
 
+async def test_an_app_resource_that_blocks_is_named_not_the_runtimes_task(clock, caplog_warnings) -> None:
+    # A resource opens and closes in the runtime's own task: the warning names the resource, the
+    # code the operator wrote, not 'nursery_jobs.runtime._serve' or the test's task.
+    app = nj.App()
+
+    @app.resource
+    async def http():
+        clock.advance(0.6)  # a synchronous client's connect
+        yield "client"
+        await trio.sleep(0)
+        clock.advance(0.4)  # its blocking close
+        await trio.sleep(0)
+
+    with trio.fail_after(10):
+        async with nj.open_runtime(app, settings=settings(0.1)):
+            await trio.sleep(0)
+    opening, closing = blocked(caplog_warnings)
+    for record in (opening, closing):
+        assert (record.resource, record.job_id, record.kind, record.queue) == ("http", None, None, None)  # type: ignore[attr-defined]
+    assert opening.seconds == pytest.approx(0.6) and closing.seconds == pytest.approx(0.4)  # type: ignore[attr-defined]
+    assert opening.getMessage().startswith(
+        "blocked event loop: resource 'http' (while opening) held the Trio loop for 0.60 s without a checkpoint, "
+        "up to the end of its open; "
+    )
+    assert closing.getMessage().startswith("blocked event loop: resource 'http' (while closing) held the Trio loop for 0.40 s")
+    assert closing.released_at.endswith(" in http")  # type: ignore[attr-defined]
+
+
 async def test_a_job_that_keeps_blocking_is_summarised_not_logged_per_step(clock, caplog_warnings) -> None:
     app = nj.App()
     app.queue("q", max_workers=1, timeout=None)

@@ -75,6 +75,34 @@ def test_every_help_text_names_its_options_in_lines_a_terminal_shows(
     assert run(capsys, *argv, "-h")[1] == out
 
 
+# -- click's own usage errors: one line too, with where to look --
+
+
+@pytest.mark.parametrize(
+    "argv, command, says",
+    [
+        (["frobnicate"], "", "no such command 'frobnicate' (see 'nursery-jobs --help')"),
+        (["worker", APP, "--backend", "memory://", "--log-level", "loud"], "worker",
+         "invalid value for '--log-level': 'loud' is not one of 'debug', 'info', 'warning', 'error', 'critical' "
+         "(see 'nursery-jobs worker --help')"),
+        (["worker", APP, "--backend", "memory://", "--log-levl", "info"], "worker",
+         "no such option '--log-levl'; did you mean '--log-level'? (see 'nursery-jobs worker --help')"),
+        (["worker"], "worker", "missing argument 'MODULE:APP' (see 'nursery-jobs worker --help')"),
+        (["enqueue", "k", "--backend", "sqlite:///x.db", "--delay", "soon"], "enqueue",
+         "invalid value for '--delay': 'soon' is not a valid float (see 'nursery-jobs enqueue --help')"),
+    ],
+)  # fmt: skip
+def test_a_usage_error_is_one_line_naming_the_help(capsys: pytest.CaptureFixture[str], argv: list[str], command: str, says: str) -> None:
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (2, "")
+    assert err == f"nursery-jobs{' ' if command else ''}{command}: {says}\n"
+
+
+def test_the_bare_command_shows_its_help(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys)
+    assert code == 2 and "Commands:" in out + err and "worker" in out + err
+
+
 # -- the worker's user errors, each one line --
 
 
@@ -131,7 +159,7 @@ def test_the_backend_is_required_and_read_from_the_environment(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     code, _, err = run(capsys, "worker", APP)
-    assert code == 2 and "Missing option '--backend'" in err and "NURSERY_JOBS_BACKEND" in err
+    assert code == 2 and "missing option '--backend'" in one_line(err, "worker") and "NURSERY_JOBS_BACKEND" in err
     monkeypatch.setenv("NURSERY_JOBS_BACKEND", f"mysql://svc:{SECRET}@db/app")
     code, _, err = run(capsys, "worker", APP)
     assert code == 2 and "'mysql://svc:***@db/app'" in one_line(err, "worker")
@@ -161,6 +189,13 @@ def test_enqueue_prints_the_id_and_takes_the_kind_from_the_app(tmp_path: Path, c
         ("tidy", "other", {}, 0, 3, "available"),
         ("tidy", "default", {}, 0, 25, "scheduled"),
     ]
+
+
+def test_enqueue_with_the_app_takes_the_kinds_attempts_unless_told_otherwise(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    assert run(capsys, "enqueue", "fail", "--args", '{"n": 1}', "--app", APP, "--backend", url) == (0, "1\n", "")
+    assert run(capsys, "enqueue", "fail", "--args", '{"n": 1}', "--app", APP, "--backend", url, "--max-attempts", "7") == (0, "2\n", "")
+    assert [(r[1], r[2], r[5]) for r in _rows(tmp_path / "jobs.db")] == [("fail", "work", 2), ("fail", "work", 7)]
 
 
 def test_enqueue_with_a_unique_key_adds_one_job_while_it_is_pending(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -193,7 +228,8 @@ def test_enqueue_reads_the_app_and_backend_from_the_environment(
         (["record", "--args", '{"n": 1}', "--app", APP, "--queue", "x"], 2, "--queue comes from the app's declaration"),
         (["record", "--args", '{"n": 1}', "--app", "tests/processes/cli_app.py:nope"], 2, "has no attribute 'nope'"),
         (["record", "--delay", "-1"], 2, "delay must be a finite number of seconds >= 0"),
-        (["record", "--max-attempts", "0"], 2, "max_attempts must be an int >= 1"),
+        (["record", "--max-attempts", "0"], 2, "--max-attempts must be an int >= 1, not 0"),
+        (["record", "--args", '{"n": 1}', "--app", APP, "--max-attempts", "0"], 2, "--max-attempts must be an int >= 1"),
         (["record", "--args", '{"n": 1e999}'], 2, "not JSON-serialisable"),
         (["record", "--backend", f"postgresql://svc:{SECRET}@127.0.0.1:1/app"], 1, "cannot connect to PostgreSQL"),
         (["record", "--backend", "memory://"], 2, "memory:// keeps jobs inside one process"),
@@ -214,6 +250,18 @@ def test_migrate_is_still_one_line_for_a_bad_url(capsys: pytest.CaptureFixture[s
     code, out, err = run(capsys, "migrate", "--database-url", f"postgresql://svc:S3CR%zz{SECRET}@127.0.0.1/x")
     assert code == 2 and out == ""
     assert "bad PostgreSQL URL" in one_line(err, "migrate")
+
+
+def test_migrate_says_it_is_for_postgresql_and_that_sqlite_migrates_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "migrate", "--database-url", "sqlite:///jobs.db")
+    assert (code, err) == (0, "")
+    assert out == (
+        "nothing to migrate: an SQLite database creates and upgrades its own schema when a runtime opens it; "
+        "`nursery-jobs migrate` is for PostgreSQL\n"
+    )
+    code, out, err = run(capsys, "migrate", "--database-url", f"mysql://svc:{SECRET}@db/app")
+    assert (code, out) == (2, "")
+    assert one_line(err, "migrate") == "migrate is for PostgreSQL (--database-url postgresql://user@host/db), not mysql://"
 
 
 BOUNDED_APP = '''

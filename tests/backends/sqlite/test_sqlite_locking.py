@@ -12,6 +12,7 @@ import pytest
 import trio
 
 import nursery_jobs as nj
+from nursery_jobs.backends import NewJob
 from nursery_jobs.backends.sqlite import SqliteBackend
 
 
@@ -111,3 +112,34 @@ async def test_waiting_for_the_lock_never_blocks_the_trio_loop(tmp_path) -> None
 
             await _while_locked(path, 0.5, enqueue_while_locked)
             nursery.cancel_scope.cancel()
+
+
+async def test_a_call_gives_up_within_outage_timeout_plus_one_busy_timeout_however_many_wait(tmp_path, autojump_clock) -> None:
+    # Every call of a backend shares its one connection. With the file locked, each attempt holds
+    # that connection for a whole busy_timeout (SQLite's own wait, faked here on Trio's clock):
+    # the calls in line behind it must not wait past their deadline for their turn, or a call
+    # gives up a busy_timeout later per call ahead of it (six calls: 3 + 6 s, not 3 + 1).
+    class Deterministic(SqliteBackend):
+        _blocking_io = True
+
+    backend = Deterministic(str(tmp_path / "jobs.db"), busy_timeout=1.0, outage_timeout=3.0)
+    await backend.open()
+
+    def locked(body: object) -> None:
+        autojump_clock.jump(1.0)  # SQLite waited busy_timeout for the other connection's lock
+        raise sqlite3.OperationalError("database is locked")
+
+    backend._tx = locked  # type: ignore[method-assign]  # every write begins here, inside the connection
+    took: list[float] = []
+
+    async def enqueue() -> None:
+        started = trio.current_time()
+        with pytest.raises(nj.BackendUnavailable, match="held its write lock for over 3 s"):
+            await backend.insert_many([NewJob("work", "default", "{}", 0, None, 25)])
+        took.append(trio.current_time() - started)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(6):
+            nursery.start_soon(enqueue)
+    await backend.close()
+    assert len(took) == 6 and max(took) <= 3.0 + 1.0, took
