@@ -71,7 +71,7 @@ from .protocol import (
 )
 from .transitions import (
     PARK_AT_ONCE, CancelAction, admit_rated, after_outcome, after_rescue, check_room, on_cancel, parked_can_start,
-    rate_log, rate_release, rate_slot, unparks,
+    rate_log, rate_release, rate_slot, rate_time, unparks,
 )  # fmt: skip
 from .rows import (
     SET_ASIDE_COLUMNS,
@@ -407,7 +407,7 @@ def _record_starts(
             conn.execute(
                 "INSERT INTO nj_rate (key, starts, cap, per, last) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (key)"
                 " DO UPDATE SET starts = ?2, cap = ?3, per = ?4, last = ?5",
-                (key, json.dumps(rate_log(old, n, now, *grown)), *grown, now),
+                (key, json.dumps(rate_log(old, n, now, *grown)), *grown, rate_time(old, now)),
             )
         elif grown != (cap, per):
             conn.execute("UPDATE nj_rate SET cap = ?2, per = ?3 WHERE key = ?1", (key, *grown))

@@ -231,9 +231,9 @@ def test_the_migrate_command_prints_what_the_page_shows(docs_db) -> None:
     page = (DOCS / "backends.md").read_text()
     assert "nursery-jobs migrate --database-url postgresql://app@db.internal/app --schema jobs" in page
     assert f"```text\n{first}```" in page
-    assert first == "schema 'jobs': applied 0001_initial.sql, 0002_claim_due_only.sql, 0003_args_as_text.sql, 0004_plans_that_hold.sql, 0005_less_bloat.sql, 0006_concurrency_keys.sql, 0008_schedules_and_locks.sql, 0009_outbox.sql, 0010_rate_limits.sql, 0011_parked_keys.sql, 0012_parked_counted.sql, 0013_claim_in_one_statement.sql, 0014_rate_parking.sql, 0015_claim_reasons.sql, 0016_lock_keys_planned_once.sql, 0017_unpark_wakes_its_queue.sql\n"
+    assert first == "schema 'jobs': applied 0001_initial.sql, 0002_claim_due_only.sql, 0003_args_as_text.sql, 0004_plans_that_hold.sql, 0005_less_bloat.sql, 0006_concurrency_keys.sql, 0008_schedules_and_locks.sql, 0009_outbox.sql, 0010_rate_limits.sql, 0011_parked_keys.sql, 0012_parked_counted.sql, 0013_claim_in_one_statement.sql, 0014_rate_parking.sql, 0015_claim_reasons.sql, 0016_lock_keys_planned_once.sql, 0017_unpark_wakes_its_queue.sql, 0018_rate_time_under_the_lock.sql\n"
     assert f"`{second.strip()}`" in page  # up to date
-    assert default == "schema 'nursery_jobs': applied 0001_initial.sql, 0002_claim_due_only.sql, 0003_args_as_text.sql, 0004_plans_that_hold.sql, 0005_less_bloat.sql, 0006_concurrency_keys.sql, 0008_schedules_and_locks.sql, 0009_outbox.sql, 0010_rate_limits.sql, 0011_parked_keys.sql, 0012_parked_counted.sql, 0013_claim_in_one_statement.sql, 0014_rate_parking.sql, 0015_claim_reasons.sql, 0016_lock_keys_planned_once.sql, 0017_unpark_wakes_its_queue.sql\n"
+    assert default == "schema 'nursery_jobs': applied 0001_initial.sql, 0002_claim_due_only.sql, 0003_args_as_text.sql, 0004_plans_that_hold.sql, 0005_less_bloat.sql, 0006_concurrency_keys.sql, 0008_schedules_and_locks.sql, 0009_outbox.sql, 0010_rate_limits.sql, 0011_parked_keys.sql, 0012_parked_counted.sql, 0013_claim_in_one_statement.sql, 0014_rate_parking.sql, 0015_claim_reasons.sql, 0016_lock_keys_planned_once.sql, 0017_unpark_wakes_its_queue.sql, 0018_rate_time_under_the_lock.sql\n"
 
 
 @pytest.mark.parametrize("page,line,code,output", PROGRAMS, ids=[f"{p}:{n}" for p, n, _, _ in PROGRAMS])
