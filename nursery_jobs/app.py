@@ -564,7 +564,9 @@ class App:
         `claim_ahead`: on a durable backend, a queue of two workers or more claims a few jobs
         for workers that are still running, so that they do not wait for a claim's round trip
         (see "Ordering" in the guarantees for what that changes); False claims only for idle
-        workers, and starts jobs in the strict claim order whenever a worker frees.
+        workers, and starts jobs in the strict claim order whenever a worker frees. A queue
+        with a rate-limited kind never claims ahead: a rate counts a start at the claim, and
+        holds at the handler's first line only if the handler starts then (docs/rate_limits.md).
 
         `max_length`: a bounded queue. An enqueue that would make more than `max_length` jobs
         of the queue wait to start (available, scheduled or retryable; running jobs do not

@@ -57,7 +57,7 @@ from ..jobs import MAX_ERRORS_KEPT, Job, JobError, JobState, decode_args
 from .rows import rescue_message
 from .transitions import (
     PENDING, CancelAction, admit_rated, after_outcome, after_rescue, check_room, key_admits, on_cancel, rate_idle,
-    rate_log, rate_release, unparks,
+    rate_log, rate_release, rate_time, unparks,
 )  # fmt: skip
 from .protocol import (
     BackendEvent,
@@ -664,7 +664,7 @@ class MemoryBackend:
         if log is None:
             log = self._rates[rkey] = _RateLog()
             log.cap, log.per = row.rlimit, row.rper
-        log.starts.append(now)
+        log.starts.append(rate_time(log.starts, now))
         self._rate_trim[rkey] = log  # trimmed at the claim's end
         return True
 

@@ -829,13 +829,18 @@ class PostgresBackend:
     async def claim(self, queue: str, limit: int, *, max_running: int | None = None) -> ClaimResult:
         if limit <= 0:
             return ClaimResult([], None)
-        now = self.now()
         q = self._q["claim_limited" if max_running is not None else "claim"]
         q_park, q_release = self._q["rate_park"], self._q["rate_release"]
         pause = self._lean.get(queue)
         lean = max_running is None and pause == 0
 
         async def body(conn: TrioConnection) -> ClaimResult:
+            # The time is read again before each statement, with the connection in hand: a
+            # rate counts each start at the time its statement was sent (never before the key's
+            # latest start, `transitions.rate_time`), and the handler starts when the claim
+            # answers, so a look that starts jobs after the round trips of the looks before
+            # it must not count them from before those.
+            now = self.now()
             next_due = rate_next = None
             jobs: list[tuple[Any, ...]] = []
             if lean:
@@ -869,6 +874,7 @@ class PostgresBackend:
             # before the next look: each a round trip of its own, only when there is one to do.
             more = False
             for look in range(_CLAIM_LOOKS if len(jobs) < limit else 0):
+                now = self.now()
                 params = {"now": now, "queue": queue, "limit": limit - len(jobs)}
                 if max_running is not None:
                     params["max_running"] = max_running

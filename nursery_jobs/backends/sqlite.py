@@ -47,7 +47,7 @@ from urllib.parse import parse_qs
 import trio
 
 from ..errors import BackendUnavailable, ConfigError, JobNotFound
-from ..infra.threads import run_callers_io, run_sync_io
+from ..infra.threads import from_io_thread, run_callers_io, run_sync_io
 from ..infra.wake import Wake, WakeRegistry
 from ..jobs import MAX_ERRORS_KEPT, Job, JobState
 from .protocol import (
@@ -71,7 +71,7 @@ from .protocol import (
 )
 from .transitions import (
     PARK_AT_ONCE, CancelAction, admit_rated, after_outcome, after_rescue, check_room, on_cancel, parked_can_start,
-    rate_log, rate_release, rate_slot, unparks,
+    rate_log, rate_release, rate_slot, rate_time, unparks,
 )  # fmt: skip
 from .rows import (
     SET_ASIDE_COLUMNS,
@@ -410,7 +410,7 @@ def _record_starts(
             conn.execute(
                 "INSERT INTO nj_rate (key, starts, cap, per, last) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (key)"
                 " DO UPDATE SET starts = ?2, cap = ?3, per = ?4, last = ?5",
-                (key, json.dumps(rate_log(old, n, now, *grown)), *grown, now),
+                (key, json.dumps(rate_log(old, n, now, *grown)), *grown, rate_time(old, now)),
             )
         elif grown != (cap, per):
             conn.execute("UPDATE nj_rate SET cap = ?2, per = ?3 WHERE key = ?1", (key, *grown))
@@ -622,6 +622,14 @@ class SqliteBackend:
 
     def now(self) -> float:
         return self._clock()
+
+    def _now_locked(self) -> float:
+        """`now()` read by a call on its own thread, inside a transaction that holds the write
+        lock. The default clock is read there; any other (a test's virtual clock, which only
+        the Trio thread may read) through the Trio thread."""
+        if self._clock is time.time or self._blocking_io:
+            return self._clock()
+        return from_io_thread(self._clock)
 
     def wall_offset(self) -> float:
         if self._wall_offset is None:
@@ -1136,9 +1144,12 @@ class SqliteBackend:
         return result
 
     async def claim(self, queue: str, limit: int, *, max_running: int | None = None) -> ClaimResult:
-        now = self.now()
-
         def body(conn: sqlite3.Connection) -> tuple[ClaimResult, list[BackendEvent]]:
+            # The claim's time is read once it holds the write lock, not before it waits for
+            # it: a rate counts each start at this time (`transitions.rate_time`), and the
+            # handler starts right after the commit, so a claim that waited for another
+            # process's transaction must not count its starts from before that wait.
+            now = self._now_locked()
             # The due jobs that are not parked, in claim order, read lazily: `transitions.admit`
             # takes them one by one, counting each key's running jobs once, and stops at
             # `limit`. A keyed job it passes over (its key is full) is parked, so later claims

@@ -38,9 +38,11 @@ decided here, once:
   limits, `rate_log` says what a key's record becomes after a claim (its starts of the last
   window, at most `cap`), and `rate_idle` when the record may go. Jobs of one key may carry
   different rates: each is held to its own, and the key's record is kept for the largest limit
-  and window weighed against it (`Admission.rate_sized`), trimmed once per claim. PostgreSQL
-  runs the same rule in `claim_picked_parking` (migration 0014, after `claim_picked`, replaced
-  in 0015; `rate_slot` and `rate_record` from migration 0010).
+  and window weighed against it (`Admission.rate_sized`), trimmed once per claim. A claim
+  weighs a key at `rate_time`, never before the key's latest recorded start, so the record
+  stays in time order whichever claim's clock read later. PostgreSQL runs the same rule in
+  `claim_picked_parking` (migration 0014, after `claim_picked`, replaced in 0015 and 0018;
+  `rate_slot` and `rate_record` from migration 0010, replaced in 0018).
 - `rate_release` says how many of a key's jobs parked for its rate come back when its next slot
   comes. A due job refused for its rate is parked too (on SQLite and PostgreSQL a flag that
   keeps it out of the claim's index, and the key's wake time in the queue), so a key over its
@@ -94,6 +96,7 @@ __all__ = [
     "rate_log",
     "rate_release",
     "rate_slot",
+    "rate_time",
     "unparks",
 ]
 
@@ -272,7 +275,7 @@ class Admission(NamedTuple):
     rate_next: float | None
     """The earliest time a candidate refused for its rate gets a slot (None: none was)."""
     rate_started: dict[str, int]
-    """Starts this claim makes per rate key: each is recorded at the claim's `now`."""
+    """Starts this claim makes per rate key: each is recorded at the key's `rate_time`."""
     rate_sized: dict[str, tuple[int, float]]
     """Per rate key, the largest limit and the longest window of the candidates weighed against
     its rate (started or refused): the key's record is kept for at least these (`rate_log`'s
@@ -292,9 +295,9 @@ def admit_rated(
     """`admit` with rate limits too: `starts` holds each rate key's recorded starts, ascending
     (a key absent: none; see `rate_log`). A candidate with a rate key starts only if its
     concurrency limit admits it and `rate_slot` says its rate does, counting the starts this
-    claim made before it (each at `now`); a candidate refused for its rate is skipped like one
-    refused for its key, and the earliest time such a candidate gets a slot is reported, so the
-    caller sleeps exactly until then.
+    claim made before it (each at the key's `rate_time`); a candidate refused for its rate is
+    skipped like one refused for its key, and the earliest time such a candidate gets a slot
+    is reported, so the caller sleeps exactly until then.
 
     Jobs of one rate key may carry different rates (two kinds sharing a key): each is weighed
     by its own limit and window over the key's starts, and the largest limit and window weighed
@@ -334,12 +337,29 @@ def admit_rated(
     return Admission(started, rate_next, rated, sized)
 
 
+def rate_time(starts: Sequence[float], now: float) -> float:
+    """The time a claim weighs a rate key at, and records its starts of the key at: `now`, the
+    claim's time once it holds the key's lock (SQLite reads its clock under the write lock;
+    PostgreSQL moves the client's time on by the wait for the key's lock), or the key's
+    latest recorded start when that is later. Clocks differ (hosts; a client that read its
+    clock before its statement reached the server): another claim whose time was later may
+    have taken the lock first and trimmed the record to its own window. Weighed at the earlier
+    `now`, this claim would count too few starts (the trimmed ones are still in its window)
+    and append starts out of time order, which every `rate_slot` after it reads wrongly. A
+    start never really happens before one whose commit it waited for, so the later time is
+    also the truer one."""
+    return starts[-1] if starts and starts[-1] > now else now
+
+
 def rate_slot(starts: Sequence[float], limit: int, per: float, now: float, added: int = 0) -> float | None:
-    """None if a job limited to `limit` starts per `per` seconds may start at `now`, given its
-    key's recorded starts (`starts`, ascending; at least the latest `limit` of them) and
-    `added` more made at `now` by the same claim; otherwise the time its next slot comes: when
-    the `limit`-th latest start leaves the window. A start at `s` holds its slot during
-    [s, s + per), so any half-open window of `per` seconds holds at most `limit` starts."""
+    """None if a job limited to `limit` starts per `per` seconds may start at `now` (at the
+    key's `rate_time`), given its key's recorded starts (`starts`, ascending; at least the
+    latest `limit` of them) and `added` more made then by the same claim; otherwise the time
+    its next slot comes: when the `limit`-th latest start leaves the window. A start at `s`
+    holds its slot during [s, s + per), so any half-open window of `per` seconds holds at most
+    `limit` starts."""
+    if starts and starts[-1] > now:
+        now = starts[-1]  # `rate_time`, inline: this runs per candidate
     if added >= limit:
         return now + per
     need = limit - added  # the start whose age decides
@@ -366,11 +386,12 @@ def rate_release(starts: Sequence[float], parked: Iterable[tuple[int, float]], n
 
 
 def rate_log(starts: Sequence[float], added: int, now: float, cap: int, per: float) -> list[float]:
-    """A key's record after a claim made `added` starts at `now`: its latest `cap` starts that
-    are less than `per` seconds old (`cap`, `per`: the largest limit and window its jobs
-    carried), all that `rate_slot` ever reads. So a record holds at most `cap` starts, and no
-    more than the key really made in the last window: a rate never reached costs no more than
-    the traffic."""
+    """A key's record after a claim made `added` starts at `now` (at the key's `rate_time`):
+    its latest `cap` starts that are less than `per` seconds old (`cap`, `per`: the largest
+    limit and window its jobs carried), all that `rate_slot` ever reads. So a record holds at
+    most `cap` starts, in time order, and no more than the key really made in the last window:
+    a rate never reached costs no more than the traffic."""
+    now = rate_time(starts, now)
     n = len(starts)
     old = 0
     while old < n and starts[old] + per <= now:  # ascending: the expired ones come first

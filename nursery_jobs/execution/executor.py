@@ -30,8 +30,10 @@ hung queue starve the others. Instead each queue owns:
   so at 32 workers of short jobs a claim of ~90 jobs costs the server per job about half what
   a claim of ~40 does (RESULTS.md, issue 8). It claims ahead only when it is worth it: on a
   backend whose claim is a round trip (not `never_yields`), for a queue of more than one
-  worker (a queue of one worker starts its jobs in the strict order the docs promise), and
-  while the attempts are short, so a queue of long jobs holds nothing. A held job is `running`
+  worker (a queue of one worker starts its jobs in the strict order the docs promise), for a
+  queue with no rate-limited kind (a rate counts a start at the claim, and must hold at the
+  handler's first line: `_rated`), and while the attempts are short, so a queue of long jobs
+  holds nothing. A held job is `running`
   in the backend: it is in the attempt registry from
   the moment it is claimed (so the heartbeats renew it, and a cancel request or a lost claim
   reaches it before it starts, which then starts nothing), its timeout starts when a worker
@@ -182,7 +184,13 @@ class QueueExecutor:
         self._handed: dict[int, Batch] = {}
         """Batches the fetcher opened, by first job id, handed to a worker that has not taken them yet."""
         self._max_running = cfg.global_max_workers
-        ahead = cfg.claim_ahead and not backend.never_yields and self.max_workers > 1
+        self._rated = any(r.job_kind.rate is not None for r in here)
+        """A kind of this queue has a rate limit: the queue claims for idle workers only. A
+        rate counts a job's start when the claim takes it, so a job held for a busy worker
+        would reach its handler later than counted, and the next window's starts, handed
+        straight to idle workers, would crowd it there: the rate must hold where the
+        handler's request goes out (docs/rate_limits.md)."""
+        ahead = cfg.claim_ahead and not backend.never_yields and self.max_workers > 1 and not self._rated
         self.prefetch = min(self.max_workers * PREFETCH_PER_WORKER, PREFETCH_MAX) if ahead else 0
         self._low_water = self.prefetch // 2
         """Held jobs at which the fetcher claims ahead again (the workers still have these): half
@@ -236,9 +244,11 @@ class QueueExecutor:
         completer owes past `outcome_slack` (a slow write must never let running rows pile
         up)."""
         room = len(self._idle) * self._per_idle
-        if self._open:
+        if self._open and not self._rated:
             # Claims are by queue: what a claim for a batch's room brings of other kinds waits
-            # in `_held`, and counts against that room, so plain jobs never pile up there.
+            # in `_held`, and counts against that room, so plain jobs never pile up there (a
+            # queue with a rate-limited kind holds none: its batches fill from the claims
+            # for its idle workers).
             batch_room = sum(batch.room for batch in self._open.values()) - len(self._held)
             if batch_room > 0:
                 room += batch_room

@@ -21,7 +21,7 @@ import trio
 
 from ..errors import RuntimeClosed
 
-__all__ = ["ThreadBudget", "current_budget", "run_blocking", "run_callers_io", "run_sync_io"]
+__all__ = ["ThreadBudget", "current_budget", "from_io_thread", "run_blocking", "run_callers_io", "run_sync_io"]
 
 T = TypeVar("T")
 
@@ -74,6 +74,14 @@ async def run_sync_io(fn: Callable[..., T], *args: Any, limiter: trio.CapacityLi
     """For the library's own blocking I/O (SQLite calls): a thread under `limiter`, never
     abandoned, so the Trio loop never blocks on a database call and no call outlives its caller."""
     return await trio.to_thread.run_sync(fn, *args, limiter=limiter, abandon_on_cancel=False)
+
+
+def from_io_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` run on the Trio thread, called from a thread `run_sync_io` runs, which waits
+    for it: for a value only the Trio thread may read (a Trio clock) that the I/O needs in the
+    middle of its work. The Trio thread is free to run it: the task that started the thread is
+    waiting for the thread."""
+    return trio.from_thread.run_sync(fn)
 
 
 async def run_callers_io(fn: Callable[..., T], *args: Any) -> T:

@@ -83,3 +83,28 @@ async def test_a_rate_key_function_that_raises_is_an_args_error_naming_the_kind(
         with pytest.raises(nj.ArgsError, match="rate key of job 'fetch'"):
             await rt.enqueue_many("fetch", [{"host": 1}, {"host": "\x00"}])
         assert (await rt.stats())["default"].available == 0  # the batch was refused whole
+
+
+
+async def test_a_rate_holds_at_the_handlers_first_line(make_backend, autojump_clock) -> None:
+    """What a rate limits is what the partner sees: the handler's calls. Two workers, one key
+    of two starts a second: two short jobs, two that run 1.3 s, then short ones. At t=2 the key
+    has its slots and both workers are busy until 2.3; at most two handler entries in any
+    second, on virtual time exactly. (A job claimed at 2 for a worker still busy, counted at 2,
+    would enter its handler at 2.3, and the next window's two at 3, handed to idle workers at
+    once: four entries within 0.7 s.)"""
+    app = nj.App()
+    app.queue("api", max_workers=2, timeout=30)
+    entered: list[float] = []
+
+    @app.job(queue="api", rate=nj.Rate(2, per=1), rate_key=lambda args: "partner")
+    async def call(ctx: nj.JobContext, sleep: float) -> None:
+        entered.append(trio.current_time())
+        await trio.sleep(sleep)
+
+    async with nj.open_runtime(app, backend=make_backend(), grace=0) as rt:
+        t0 = trio.current_time()
+        ids = await call.enqueue_many([{"sleep": s} for s in (0.2, 0.2, 1.3, 1.3, 0.1, 0.1, 0.1, 0.1)])
+        for job_id in ids:
+            assert (await rt.wait(job_id, timeout=60)).done
+    assert len(entered) == 8 and windows_hold_at_most(entered, 2, 1.0), [t - t0 for t in entered]

@@ -23,6 +23,7 @@ from nursery_jobs.backends.transitions import (
     rate_log,
     rate_release,
     rate_slot,
+    rate_time,
     sql_case,
 )
 
@@ -113,6 +114,17 @@ def test_a_record_keeps_the_latest_starts_of_its_last_window_at_most_cap():
     assert rate_log([NOW - 5, NOW - 1], 2, NOW, 3, 10.0) == [NOW - 1, NOW, NOW]
     assert rate_log([NOW - 1], 5, NOW, 3, 10.0) == [NOW, NOW, NOW]
     assert rate_idle(NOW - 10, 10.0, NOW) and not rate_idle(NOW - 9.5, 10.0, NOW)
+
+
+def test_a_claim_whose_time_is_before_the_keys_latest_start_is_weighed_at_that_start():
+    """Rate(2, per=1): two starts at 1.15; a claim at 2.15 starts one and trims both (they
+    leave the window then). A claim whose time is 2.10, later at the lock, would see one start
+    at its own time where its window holds three, and append its start out of order."""
+    log = rate_log([1.15, 1.15], 1, 2.15, 2, 1.0)
+    assert log == [2.15] and rate_time(log, 2.10) == 2.15 and rate_time(log, 2.2) == 2.2
+    assert rate_slot(log, 2, 1.0, 2.10) is None  # one slot left at 2.15 ...
+    assert rate_slot(log, 2, 1.0, 2.10, added=1) == 3.15  # ... and the next one a window after it
+    assert rate_log(log, 1, 2.10, 2, 1.0) == [2.15, 2.15]  # recorded then, in time order
 
 
 def test_a_window_after_a_burst_holds_the_limit_where_gcra_would_hold_more():

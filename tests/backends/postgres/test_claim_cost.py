@@ -128,6 +128,7 @@ async def test_a_version_1_schema_is_refused_then_upgraded_by_migrate(pg_url):
     with psycopg.connect(pg_url, autocommit=True) as conn:  # back to what version 1 left
         conn.execute(f'DELETE FROM "{schema}".migrations WHERE version >= 2')
         conn.execute(f'DROP SEQUENCE "{schema}".lock_fences')  # back before version 19
+        conn.execute(f'DROP FUNCTION "{schema}".lock_keys_waited')  # back before version 18
         conn.execute(f'DROP TABLE "{schema}".repair_cursor')  # back before version 15
         conn.execute(f'DROP TABLE "{schema}".rate_wakes')  # back before version 14
         conn.execute(f'DROP FUNCTION "{schema}".rate_park, "{schema}".rate_release, "{schema}".claim_picked_parking')
@@ -168,7 +169,7 @@ async def test_a_version_1_schema_is_refused_then_upgraded_by_migrate(pg_url):
                                        "0010_rate_limits.sql", "0011_parked_keys.sql", "0012_parked_counted.sql",
                                        "0013_claim_in_one_statement.sql", "0014_rate_parking.sql",
                                        "0015_claim_reasons.sql", "0016_lock_keys_planned_once.sql", "0017_unpark_wakes_its_queue.sql",
-                                       "0019_lock_fencing_tokens.sql"]
+                                       "0018_rate_time_under_the_lock.sql", "0019_lock_fencing_tokens.sql"]
     with psycopg.connect(pg_url, autocommit=True) as conn:
         names = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s", (schema,))}
         (args_type,) = conn.execute(

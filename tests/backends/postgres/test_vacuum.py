@@ -50,6 +50,7 @@ def test_migrate_sets_the_jobs_tables_autovacuum_thresholds_on_a_version_4_schem
         # back to what version 4 left: no storage parameters
         conn.execute(f'DELETE FROM "{schema}".migrations WHERE version >= 5')
         conn.execute(f'DROP SEQUENCE "{schema}".lock_fences')  # back before version 19
+        conn.execute(f'DROP FUNCTION "{schema}".lock_keys_waited')  # back before version 18
         conn.execute(f'DROP TABLE "{schema}".repair_cursor')  # back before version 15
         conn.execute(f'DROP TABLE "{schema}".rate_wakes')  # back before version 14
         conn.execute(f'DROP FUNCTION "{schema}".rate_park, "{schema}".rate_release, "{schema}".claim_picked_parking')
@@ -83,7 +84,7 @@ def test_migrate_sets_the_jobs_tables_autovacuum_thresholds_on_a_version_4_schem
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout == f"schema '{schema}': applied 0005_less_bloat.sql, 0006_concurrency_keys.sql, 0008_schedules_and_locks.sql, 0009_outbox.sql, 0010_rate_limits.sql, 0011_parked_keys.sql, 0012_parked_counted.sql, 0013_claim_in_one_statement.sql, 0014_rate_parking.sql, 0015_claim_reasons.sql, 0016_lock_keys_planned_once.sql, 0017_unpark_wakes_its_queue.sql, 0019_lock_fencing_tokens.sql\n"
+    assert done.stdout == f"schema '{schema}': applied 0005_less_bloat.sql, 0006_concurrency_keys.sql, 0008_schedules_and_locks.sql, 0009_outbox.sql, 0010_rate_limits.sql, 0011_parked_keys.sql, 0012_parked_counted.sql, 0013_claim_in_one_statement.sql, 0014_rate_parking.sql, 0015_claim_reasons.sql, 0016_lock_keys_planned_once.sql, 0017_unpark_wakes_its_queue.sql, 0018_rate_time_under_the_lock.sql, 0019_lock_fencing_tokens.sql\n"
     with psycopg.connect(pg_url, autocommit=True) as conn:
         assert _reloptions(conn, schema) == EXPECTED
         assert schema_version(conn, schema) == 19
