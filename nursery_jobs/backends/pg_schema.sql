@@ -204,6 +204,7 @@ BEGIN
     END IF;
 END
 $$;
+
 -- `transitions.admit_rated` on the picked jobs p_ids (due, locked by the calling statement, in
 -- claim order; p_keys, p_most, p_rkeys, p_rlimits, p_rpers their limits): starts what the keys,
 -- the rates and the queue's global limit admit, records the rate keys' starts, and returns the
@@ -336,6 +337,7 @@ BEGIN
     END IF;
 END
 $$;
+
 -- The distinct keys of p_keys, each locked for the rest of the transaction (the advisory lock
 -- (p_space, hashtext(p_prefix || key))), in hash order. PL/pgSQL so that its plan is kept.
 CREATE FUNCTION {schema}.lock_keys(p_space integer, p_prefix text, p_keys text[]) RETURNS text[]
@@ -349,6 +351,7 @@ BEGIN
     ) locked);
 END
 $$;
+
 -- `lock_keys` for rate keys, and how long the caller waited for them (0 when no other
 -- transaction held one): a claim weighs its rate keys at its time moved on by that wait.
 CREATE FUNCTION {schema}.lock_keys_waited(p_space integer, p_prefix text, p_keys text[], OUT keys text[],
@@ -371,6 +374,7 @@ BEGIN
     END LOOP;
 END
 $$;
+
 -- `transitions.rate_slot`: NULL if a job limited to p_limit starts per p_per seconds may start
 -- at the key's `rate_time`, given its starts and p_added more made by this claim; else when its
 -- next slot comes. One expression, so that it is inlined where it is called (the claim's scan).
@@ -385,118 +389,7 @@ CREATE FUNCTION {schema}.rate_slot(
             THEN p_starts[cardinality(p_starts) - (p_limit - p_added) + 1] + p_per
     END
 $$;
--- The claim of keyed jobs a runtime of version 6 to 12 made in a second round trip; called by
--- no runtime of version 13 or later.
-CREATE FUNCTION {schema}.claim_held(
-    p_ids bigint[], p_queue text, p_want integer, p_max_running integer, p_now double precision
-) RETURNS TABLE (
-    id bigint, kind text, queue text, args text, attempt integer, max_attempts integer, priority integer,
-    run_at double precision, lost integer
-) LANGUAGE plpgsql VOLATILE AS $$
-#variable_conflict use_column
-DECLARE
-    space integer := hashtext('nursery_jobs claim_held ' || {schema_text});
-    c record;
-    keys text[] := ARRAY[]::text[];
-    counts integer[] := ARRAY[]::integer[];
-    picked bigint[] := ARRAY[]::bigint[];
-    room integer := p_want;
-    seen integer := 0;
-    gone integer := 0;
-    i integer;
-    rkeys text[];              -- rate: the locked rate keys
-    radded integer[];          -- rate: starts this claim made per rate key
-    rcaps integer[];           -- rate: the largest limit of the jobs it started, per key
-    rpers double precision[];  -- rate: the largest window, per key
-    rnext double precision;    -- rate: the earliest slot of a candidate refused for its rate
-    slot double precision;
-    st double precision[];
-    ri integer;
-BEGIN
-    -- Each statement below must see what committed before it: READ COMMITTED's fresh snapshot
-    -- per statement is what makes the counts exact after the locks.
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'nursery_jobs claims need READ COMMITTED, not %', current_setting('transaction_isolation');
-    END IF;
-    IF p_max_running IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock(space, hashtext('queue ' || p_queue));
-    END IF;
-    -- One lock per key, taken in hash order (every claimer takes its keys in the same order,
-    -- so none waits on another in a circle), then each key's running count in one read.
-    SELECT array_agg(k ORDER BY h) INTO keys FROM (
-        SELECT k, h, pg_advisory_xact_lock(space, h) FROM (
-            SELECT DISTINCT j.concurrency_key AS k, hashtext('key ' || j.concurrency_key) AS h
-            FROM {schema}.jobs j WHERE j.id = ANY(p_ids) AND j.concurrency_key IS NOT NULL ORDER BY 2, 1
-        ) sorted
-    ) locked;
-    keys := coalesce(keys, ARRAY[]::text[]);
-    -- rate: the rate keys' locks, after the concurrency keys' (one order for every claimer).
-    rkeys := {schema}.rate_lock(p_ids);
-    radded := array_fill(0, ARRAY[cardinality(rkeys)]);
-    rcaps := array_fill(1, ARRAY[cardinality(rkeys)]);
-    rpers := array_fill(0::double precision, ARRAY[cardinality(rkeys)]);
-    IF p_max_running IS NOT NULL THEN
-        -- Through the rescuer's two indexes of running rows (migration 0004): running rows are
-        -- few, and no index of its own means no extra write per job.
-        room := least(room, p_max_running
-            - (SELECT count(*)::integer FROM {schema}.jobs j
-                WHERE j.state = 'running' AND j.heartbeat_at IS NOT NULL AND j.queue = p_queue)
-            - (SELECT count(*)::integer FROM {schema}.jobs j
-                WHERE j.state = 'running' AND j.heartbeat_at IS NULL AND j.queue = p_queue));
-    END IF;
-    IF room <= 0 THEN
-        RETURN;
-    END IF;
-    SELECT coalesce(array_agg((SELECT count(*)::integer FROM {schema}.jobs r
-            WHERE r.state = 'running' AND r.concurrency_key = u.k) ORDER BY u.o), ARRAY[]::integer[])
-        INTO counts FROM unnest(keys) WITH ORDINALITY AS u(k, o);
-    FOR c IN SELECT j.id, j.concurrency_key, j.max_concurrent, j.rate_key, j.rate_limit, j.rate_per
-        FROM {schema}.jobs j
-        WHERE j.id = ANY(p_ids) AND j.queue = p_queue AND j.state IN ('available', 'scheduled', 'retryable')
-            AND j.run_at <= p_now
-        ORDER BY j.priority DESC, j.run_at, j.id FOR UPDATE SKIP LOCKED
-    LOOP
-        seen := seen + 1;
-        IF c.concurrency_key IS NOT NULL THEN
-            i := array_position(keys, c.concurrency_key);
-            CONTINUE WHEN counts[i] >= coalesce(c.max_concurrent, 1);
-        END IF;
-        IF c.rate_key IS NOT NULL AND c.rate_per IS NOT NULL THEN  -- rate
-            ri := array_position(rkeys, c.rate_key);
-            -- Read first, then the rule on plain values: so `rate_slot` is inlined into a simple
-            -- expression (with a sub-select for an argument it would run as a function call).
-            SELECT k.starts INTO st FROM {schema}.rate_keys k WHERE k.key = c.rate_key;
-            slot := {schema}.rate_slot(st, coalesce(c.rate_limit, 1), c.rate_per, p_now, radded[ri]);
-            IF slot IS NOT NULL THEN
-                rnext := least(rnext, slot);
-                CONTINUE;
-            END IF;
-            radded[ri] := radded[ri] + 1;
-            rcaps[ri] := greatest(rcaps[ri], coalesce(c.rate_limit, 1));
-            rpers[ri] := greatest(rpers[ri], c.rate_per);
-        END IF;
-        IF c.concurrency_key IS NOT NULL THEN
-            counts[i] := counts[i] + 1;
-        END IF;
-        picked := picked || c.id;
-        EXIT WHEN cardinality(picked) >= room;
-    END LOOP;
-    IF cardinality(picked) < room THEN
-        gone := cardinality(p_ids) - seen;  -- claimed, locked or ended by others since the pick
-    END IF;
-    IF cardinality(rkeys) > 0 THEN
-        PERFORM {schema}.rate_record(rkeys, radded, rcaps, rpers, p_now);  -- rate
-    END IF;
-    RETURN QUERY UPDATE {schema}.jobs j SET state = 'running', attempt = j.attempt + 1, attempted_at = p_now,
-        heartbeat_at = p_now
-        WHERE j.id = ANY(picked)
-        RETURNING j.id, j.kind, j.queue, j.args, j.attempt, j.max_attempts, j.priority, j.run_at, gone;
-    IF (cardinality(picked) = 0 AND gone > 0) OR rnext IS NOT NULL THEN
-        RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::integer, NULL::integer,
-            NULL::integer, rnext, gone;
-    END IF;
-END
-$$;
+
 -- `transitions.rate_log`: the rate keys' records after a claim made p_added[i] starts of key
 -- p_keys[i], each at the key's `rate_time`. PL/pgSQL so that its plan is kept.
 CREATE FUNCTION {schema}.rate_record(
@@ -572,6 +465,7 @@ BEGIN
     RETURN w;
 END
 $$;
+
 -- The rate keys of the jobs p_ids, each locked for the rest of the transaction, in hash order
 -- (the lock `claim_picked` takes for a rate key).
 CREATE FUNCTION {schema}.rate_lock(p_ids bigint[]) RETURNS text[] LANGUAGE plpgsql VOLATILE AS $$
@@ -589,6 +483,7 @@ BEGIN
     RETURN keys;
 END
 $$;
+
 -- `transitions.rate_release`, for every rate key of p_queue whose wake time has come: under the
 -- key's lock, its parked jobs come back in claim order while its window admits them, and the
 -- wake moves to the next slot (or goes). Returns how many came back and the queue's next wake.
@@ -641,6 +536,7 @@ BEGIN
     RETURN NEXT;
 END
 $$;
+
 -- For each key p_keys[i], its best p_counts[i] jobs parked for its slot (not for a rate) come
 -- back into claim order; returns the queue of each. Called by the outcome, rescue and cancel
 -- statements for the slots their rows free, in their own snapshot, taken after the calling
@@ -661,6 +557,7 @@ BEGIN
     RETURNING j.queue;
 END
 $$;
+
 -- `unpark_keys_queues` for a caller that cannot report the queues (`rate_park`, inside a
 -- claim): it notifies them itself, marked '!' (which every process acts on), and returns how
 -- many jobs came back.
@@ -675,6 +572,7 @@ BEGIN
     RETURN n;
 END
 $$;
+
 -- The rescuer's pass: what nothing else would bring back (a key left parked with a free slot, a
 -- job parked with no key, a rate-parked group with no wake time), at bounded work per pass (the
 -- rate groups from `repair_cursor`, 1,000 a pass). Returns the queue of each job brought back
