@@ -52,7 +52,7 @@ def catalog(url: str, schema: str) -> dict[str, str]:
     """Every object of `schema` as pg_dump writes it (and every table's rows but the migrations
     table's), keyed by type and name, the schema's name replaced by `{schema}`."""
     done = subprocess.run(
-        [_pg_dump(), "--no-owner", "--no-privileges", "-n", schema, f"--exclude-table-data={schema}.migrations", url],
+        [_pg_dump(), "--no-owner", "-n", schema, f"--exclude-table-data={schema}.migrations", url],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
