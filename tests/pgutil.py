@@ -33,11 +33,13 @@ import fcntl
 import itertools
 import os
 import re
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 import psycopg
 import pytest
@@ -272,4 +274,40 @@ def new_schema(url: str) -> str:
 
     schema = f"t{next(_counter)}_{os.getpid()}"
     migrate(url, schema)
+    return schema
+
+
+def migrations() -> list[tuple[int, str]]:
+    """The version and file name of every migration `migrate` applies, in order."""
+    from nursery_jobs.backends.postgres import migrate
+
+    return [(version, name) for version, name, _ in sys.modules[migrate.__module__]._migrations()]
+
+
+def migrate_to(url: str, schema: str, version: int) -> list[str]:
+    """Create or upgrade `schema` to `version`, as the `nursery-jobs migrate` of that version
+    did: the real `migrate`, shown only the migrations up to `version`. Returns what it applied.
+
+    A schema an older release made is the migrations' own work, not an unwinding of today's by
+    hand, which every new migration would have to extend."""
+    from nursery_jobs.backends.postgres import migrate, schema_version
+
+    module = sys.modules[migrate.__module__]
+    every = module._migrations
+    with mock.patch.object(module, "_migrations", lambda: [m for m in every() if m[0] <= version]):
+        applied = migrate(url, schema)
+    with psycopg.connect(url, autocommit=True) as conn:
+        reached = schema_version(conn, schema)
+    expected = max(v for v, _ in migrations() if v <= version)
+    assert reached == expected, (
+        f"migrate_to({version}) left {schema!r} at version {reached}: `migrate` no longer reads its "
+        f"migrations through {module.__name__}._migrations; make tests/pgutil.py's migrate_to hold it back there"
+    )
+    return applied
+
+
+def schema_at(url: str, version: int) -> str:
+    """A new schema name in the test database, migrated to `version` only (`migrate_to`)."""
+    schema = f"t{next(_counter)}_{os.getpid()}"
+    migrate_to(url, schema, version)
     return schema

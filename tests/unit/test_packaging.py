@@ -29,7 +29,7 @@ def _expected_files() -> set[str]:
             if "__pycache__" not in init.parts:
                 expected.add(init.relative_to(ROOT).as_posix())
     expected.add("nursery_jobs/py.typed")
-    for sql in (ROOT / "nursery_jobs").rglob("pg_migrations/*.sql"):
+    for sql in [*(ROOT / "nursery_jobs").rglob("pg_migrations/*.sql"), *(ROOT / "nursery_jobs").rglob("pg_schema.sql")]:
         expected.add(sql.relative_to(ROOT).as_posix())
     return expected
 
