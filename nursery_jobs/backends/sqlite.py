@@ -71,7 +71,7 @@ from .protocol import (
 )
 from .transitions import (
     PARK_AT_ONCE, CancelAction, admit_rated, after_outcome, after_rescue, check_room, key_admits, on_cancel,
-    parked_can_start, rate_log, rate_release, rate_slot, rate_time, unparks,
+    parked_can_start, rate_idle, rate_log, rate_release, rate_slot, rate_time, unparks,
 )  # fmt: skip
 from .rows import (
     SET_ASIDE_COLUMNS,
@@ -1501,10 +1501,16 @@ class SqliteBackend:
         now = self.now()
 
         def body(conn: sqlite3.Connection) -> int:
-            # Rate keys idle longer than their window limit nothing (`transitions.rate_idle`).
-            conn.execute(
-                "DELETE FROM nj_rate WHERE key IN (SELECT key FROM nj_rate WHERE last + per <= ? LIMIT ?)", (now, limit)
-            )
+            # Rate keys idle longer than their window limit nothing (`transitions.rate_idle`); a
+            # record whose times cannot be read limits nothing either (it reads as no starts).
+            idle = [
+                key
+                for key, last, per in conn.execute("SELECT key, last, per FROM nj_rate")
+                if not (_is_number(last) and _is_number(per)) or rate_idle(float(last), float(per), now)
+            ][:limit]
+            for i in range(0, len(idle), _IDS_PER_STATEMENT):
+                chunk = idle[i : i + _IDS_PER_STATEMENT]
+                conn.execute(f"DELETE FROM nj_rate WHERE key IN ({','.join('?' * len(chunk))})", chunk)
             deleted = 0
             for state, cutoff in sorted(before.items()):
                 cur = conn.execute(
