@@ -307,7 +307,7 @@ class MemoryBackend:
         if row.state is _R:
             self._running.discard(row.id)
             if row.ckey is not None:
-                self._slot_freed(row.ckey)
+                self._slot_freed(row.ckey, unparks(_R, state))
         elif state is _R:
             self._running.add(row.id)
         q.counts[row.state] -= 1
@@ -315,16 +315,17 @@ class MemoryBackend:
         row.state = state
         row.version += 1
 
-    def _slot_freed(self, key: str) -> None:
+    def _slot_freed(self, key: str, back: int) -> None:
         """A job of `key` left `running`: its slot is free, so the best parked job of each of
-        the key's limits may start now; it goes back to the due heap."""
+        the key's limits may start now; it goes back to the due heap (`back` times: `unparks`)."""
         n = self._key_running[key] - 1
         if n:
             self._key_running[key] = n
         else:
             del self._key_running[key]
         if key in self._parked:
-            self._unpark(key)
+            for _ in range(back):
+                self._unpark(key)
 
     def _unpark(self, key: str) -> bool:
         """The best parked entry of each of the key's limits goes back to its due heap, and its
@@ -659,7 +660,8 @@ class MemoryBackend:
                     q.rate_armed[rkey] = slot
                     heapq.heappush(q.rate_wake, (slot, rkey))
                 if row.ckey is not None and row.ckey in self._parked:
-                    self._unpark(row.ckey)  # the key's slot it may have come back for is still free
+                    for _ in range(unparks(_A, _A, parks=True)):
+                        self._unpark(row.ckey)  # the key's slot it may have come back for is still free
             return False
         if log is None:
             log = self._rates[rkey] = _RateLog()

@@ -70,8 +70,8 @@ from .protocol import (
     ScheduleState,
 )
 from .transitions import (
-    PARK_AT_ONCE, CancelAction, admit_rated, after_outcome, after_rescue, check_room, on_cancel, parked_can_start,
-    rate_log, rate_release, rate_slot, rate_time, unparks,
+    PARK_AT_ONCE, CancelAction, admit_rated, after_outcome, after_rescue, check_room, key_admits, on_cancel,
+    parked_can_start, rate_idle, rate_log, rate_release, rate_slot, rate_time, unparks,
 )  # fmt: skip
 from .rows import (
     SET_ASIDE_COLUMNS,
@@ -260,7 +260,7 @@ def _passed_over(
     out = []
     for i in among:
         key, most = seen[i][1:]
-        if key is not None and i not in chosen and running[key] + taken[key] >= most:
+        if key is not None and i not in chosen and not key_admits(running[key] + taken[key], most):
             out.append(i)
     return out
 
@@ -454,8 +454,8 @@ def _rate_park(
     """Park the jobs a claim refused for their rate alone, (id, rate key, its next slot, its
     concurrency key), and keep each key's wake time in `queue` at the earliest of those slots.
     A job with a concurrency key may have been the one its key's freed slot brought back: that
-    key's best parked job takes its place (as `unparks` says of a cancelled one). Returns the
-    wake-ups of the queues such jobs came back to."""
+    key's best parked job takes its place (`unparks`, of a job parked for its rate). Returns
+    the wake-ups of the queues such jobs came back to."""
     conn.executemany(
         "UPDATE nj_jobs SET state = 'available', parked = 1, rate_wait = 1 WHERE id = ?", [(r[0],) for r in refused]
     )
@@ -467,7 +467,8 @@ def _rate_park(
         " DO UPDATE SET wake = min(wake, ?3)",
         [(queue, key, wake) for key, wake in wakes.items()],
     )
-    return _unpark(conn, [r[3] for r in refused if r[3] is not None])
+    freed = unparks(JobState.AVAILABLE, JobState.AVAILABLE, parks=True)
+    return _unpark(conn, [r[3] for r in refused if r[3] is not None] * freed)
 
 
 def parse_sqlite_url(url: str) -> tuple[str, str, bool]:
@@ -1500,10 +1501,16 @@ class SqliteBackend:
         now = self.now()
 
         def body(conn: sqlite3.Connection) -> int:
-            # Rate keys idle longer than their window limit nothing (`transitions.rate_idle`).
-            conn.execute(
-                "DELETE FROM nj_rate WHERE key IN (SELECT key FROM nj_rate WHERE last + per <= ? LIMIT ?)", (now, limit)
-            )
+            # Rate keys idle longer than their window limit nothing (`transitions.rate_idle`); a
+            # record whose times cannot be read limits nothing either (it reads as no starts).
+            idle = [
+                key
+                for key, last, per in conn.execute("SELECT key, last, per FROM nj_rate")
+                if not (_is_number(last) and _is_number(per)) or rate_idle(float(last), float(per), now)
+            ][:limit]
+            for i in range(0, len(idle), _IDS_PER_STATEMENT):
+                chunk = idle[i : i + _IDS_PER_STATEMENT]
+                conn.execute(f"DELETE FROM nj_rate WHERE key IN ({','.join('?' * len(chunk))})", chunk)
             deleted = 0
             for state, cutoff in sorted(before.items()):
                 cur = conn.execute(

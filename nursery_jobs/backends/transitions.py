@@ -30,7 +30,8 @@ decided here, once:
   and PostgreSQL, a flag that keeps it out of the claim's index). So a claim's cost does not
   grow with the backlog of full keys. Each change that frees a place brings back the key's
   best parked job, in claim order: a job leaving `running` (its slot), and a cancelled
-  pending job that was not parked (it may be the one a freed slot brought back). A rescue
+  pending job that was not parked or one parked for its rate (it may be the one a freed slot
+  brought back). A rescue
   pass repairs any key left with parked jobs and a free slot (`parked_can_start`), so
   nothing can keep a key parked for ever.
 - `rate_slot` says whether a job under a rate limit may start now, given its rate key's recorded
@@ -407,14 +408,18 @@ def rate_idle(last_start: float, per: float, now: float) -> bool:
     return last_start + per <= now
 
 
-def unparks(before: JobState, after: JobState, *, parked: bool = False) -> int:
+def unparks(before: JobState, after: JobState, *, parked: bool = False, parks: bool = False) -> int:
     """How many of its key's parked jobs a keyed job's change from `before` to `after` brings
     back into claim order: one when it leaves `running` (its slot is free), one when an
     available job that was not parked is cancelled (it may have been the job a freed slot brought back),
-    else none. `parked`: the job itself was parked (a parked job holds no place)."""
+    one when a job that was not parked is parked for its rate (`parks`: the same, and it leaves
+    claim order without starting), else none. `parked`: the job itself was parked (a parked job
+    holds no place)."""
     if before is JobState.RUNNING and after is not JobState.RUNNING:
         return 1
-    if before is JobState.AVAILABLE and not parked and after is JobState.CANCELLED:
+    if parked:
+        return 0
+    if parks or (before is JobState.AVAILABLE and after is JobState.CANCELLED):
         return 1
     return 0
 

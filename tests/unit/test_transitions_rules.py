@@ -25,6 +25,7 @@ from nursery_jobs.backends.transitions import (
     rate_slot,
     rate_time,
     sql_case,
+    unparks,
 )
 
 NOW = 100.0
@@ -154,3 +155,17 @@ def test_rate_release_brings_back_as_many_parked_jobs_as_the_window_admits_and_n
     assert read == [0, 1, 2]
     assert rate_release([0.0, 0.0, 5.0], iter([(3, 10.0)]), 10.0) == (1, None)
     assert rate_release([], iter([]), 10.0) == (0, None)
+
+
+def test_a_place_in_claim_order_given_up_brings_back_one_parked_job_of_its_key() -> None:
+    """A slot freed, or a place in claim order a freed slot may have given: leaving `running`,
+    a cancel of an available job that was not parked, or a job parked for its rate."""
+    A, R, S = JobState.AVAILABLE, JobState.RUNNING, JobState.SCHEDULED
+    for after in (A, JobState.COMPLETED, JobState.DISCARDED, JobState.CANCELLED, JobState.RETRYABLE, S):
+        assert unparks(R, after) == 1
+    assert unparks(R, R) == 0
+    assert unparks(A, JobState.CANCELLED) == 1
+    assert unparks(A, JobState.CANCELLED, parked=True) == 0  # a parked job held no place
+    assert unparks(S, JobState.CANCELLED) == 0
+    assert unparks(A, A, parks=True) == 1 and unparks(S, A, parks=True) == 1
+    assert unparks(A, A) == 0
