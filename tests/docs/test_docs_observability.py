@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = ["middleware.md"]
+PAGES = ["middleware.md", "metrics.md", "tracing.md"]
 RUN_TIMEOUT = 60  # a bound for a loaded 2-core machine, not a speed claim
 OPENING = re.compile(r"```python\n(.*?)```\n\n```text\n(.*?)```", re.DOTALL)
 
