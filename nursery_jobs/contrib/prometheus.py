@@ -57,9 +57,10 @@ UNDECLARED = "(undeclared)"
 """The `kind` label of a job whose kind this app does not declare (it is discarded unrun): the
 value the database holds never becomes a label."""
 
-BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
-"""Seconds: the messaging conventions' advisory buckets up to 10 s, then the minutes and the hour
-a background job's run or wait can take."""
+BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0, 3600.0)
+"""Seconds, from 10 ms to the hour a background job's run or wait can take. Ten, not the messaging
+conventions' fourteen up to 10 s: each bucket is a line of every scrape for every kind, and the
+text exposition's cost is per line."""
 
 ASGIApp = Callable[[Mapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
 
@@ -109,7 +110,8 @@ class PrometheusMetrics(Middleware):
         )  # fmt: skip
         self._wait = Histogram(
             "attempt_wait_seconds", "How long each attempt's job waited for a worker once due (enqueued, run_at, "
-            "backoff or snooze over).", ["queue", "kind"], namespace=ns, registry=self.registry, buckets=buckets,
+            "backoff or snooze over), by queue: the workers' shortfall is a queue's.", ["queue"], namespace=ns,
+            registry=self.registry, buckets=buckets,
         )  # fmt: skip
         self._timeouts = Counter(
             "attempt_timeouts", "Attempts cut by their timeout.", ["queue", "kind"], namespace=ns, registry=self.registry
@@ -133,7 +135,8 @@ class PrometheusMetrics(Middleware):
         self._series: dict[tuple[str, str], tuple[dict[str, Any], Any, Any]] = {}
         """Every series of each declared (queue, kind), made once (`_declare`): an attempt costs
         one dictionary look-up (`labels()` would cost a lock and a tuple per call), and every
-        series exists at 0 before its first attempt, which rate() needs."""
+        series exists at 0 before its first attempt, which rate() needs. A queue's undeclared
+        kind gets its series at its first job (`_series_of`)."""
         self._kinds: frozenset[str] = frozenset()
         self._declare()
         self._gauges = _StatsCollector(ns)
@@ -146,14 +149,19 @@ class PrometheusMetrics(Middleware):
         """Make the series of every (queue, kind) the app declares now (kinds declared after
         this object was made are found at their first attempt, or at the next refresh)."""
         kinds = {name: kind.queue for name, kind in self._app.kinds.items()}
-        for kind, queue in [*kinds.items(), *((UNDECLARED, q) for q in self._app.queues)]:
-            if (queue, kind) not in self._series:
-                self._series[(queue, kind)] = (
-                    {o: self._attempts.labels(queue, kind, o) for o in OUTCOMES},
-                    self._duration.labels(queue, kind),
-                    self._wait.labels(queue, kind),
-                )
+        for kind, queue in kinds.items():
+            self._series_of(queue, kind)
         self._kinds = frozenset(kinds)
+
+    def _series_of(self, queue: str, kind: str) -> tuple[dict[str, Any], Any, Any]:
+        series = self._series.get((queue, kind))
+        if series is None:
+            series = self._series[(queue, kind)] = (
+                {o: self._attempts.labels(queue, kind, o) for o in OUTCOMES},
+                self._duration.labels(queue, kind),
+                self._wait.labels(queue),
+            )
+        return series
 
     def _label(self, kind: str) -> str:
         if kind not in self._kinds:
@@ -165,9 +173,9 @@ class PrometheusMetrics(Middleware):
     def attempt_ended(self, end: AttemptEnd) -> None:
         series = self._series.get((end.queue, end.kind))
         if series is None:
-            series = self._series.get((end.queue, self._label(end.kind)))
-            if series is None:
+            if end.queue not in self._app.queues:
                 return  # a queue this app does not declare: not this app's job
+            series = self._series_of(end.queue, self._label(end.kind))
         counters, duration, wait = series
         counters[end.outcome].inc()
         duration.observe(end.duration)

@@ -30,7 +30,8 @@ code that is no job's but has a name the operator knows better than its task's (
 resource, opening in the runtime's task). Any other task (a runtime service, a task of the
 service around the runtime) is still reported, by its Trio task name and the place where it
 gave the loop back: it stalled the jobs just the same, and the name is often all an operator
-needs.
+needs. A registration may also hand an `observe(task, culprit, seconds)`, told of every offending
+step, repeats included (the log groups those): what metrics count.
 
 One instrument per `trio.run`. Several runtimes may run in one Trio run; each registers its
 threshold and describe function with a shared instrument (held in a `RunVar`), which is added
