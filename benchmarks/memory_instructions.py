@@ -16,6 +16,12 @@ once unannotated (nothing to check) and once annotated ``doc_id: int, title: str
 list[str]`` (checked at enqueue with msgspec). Both runtimes run with default settings; the
 difference is the checking's per-job cost, and each is also shown against the baseline.
 
+`--hooks` counts the price of middleware (docs/middleware.md) instead: the same no-op jobs with
+no middleware, with one empty ``async def mw(ctx, call_next)``, with the Prometheus extra
+(`nursery_jobs.contrib.prometheus`, needs prometheus-client) and with the OpenTelemetry extra
+(`nursery_jobs.contrib.otel` on the SDK's tracer provider with no exporter, needs
+opentelemetry-sdk); each difference is that middleware's per-attempt cost.
+
 `--keys K` counts the price of a per-key limit instead (issue 11, as `concurrency_keys.py
 --same-args` times it): N pre-filled jobs drained by 32 workers, each carrying ``{"key":
 "k<n % K>"}``, once with no limit and once with that key as its concurrency key at a limit of
@@ -26,6 +32,7 @@ Usage:
 
     .venv/bin/python benchmarks/memory_instructions.py [--jobs 1000]
     .venv/bin/python benchmarks/memory_instructions.py --keys 1000 --workers 32
+    .venv/bin/python benchmarks/memory_instructions.py --hooks
     .venv/bin/python benchmarks/memory_instructions.py --smoke   # every side once, no valgrind
 
 Needs valgrind (Debian's package; present on this machine kind), except `--smoke`, which runs
@@ -41,6 +48,8 @@ import shutil
 import subprocess
 import sys
 
+from typing import Any
+
 import trio
 
 import nursery_jobs as nj
@@ -51,9 +60,25 @@ except ImportError:  # run as a script
     from baselines.plain_trio import run_baseline  # type: ignore[no-redef]
 
 
-def _runtime(n: int, workers: int, watch: bool = True) -> None:
+def _runtime(n: int, workers: int, watch: bool = True, hooks: str = "") -> None:
     app = nj.App()
     app.queue("bench", max_workers=workers, timeout=30)
+    if hooks == "empty":
+
+        @app.middleware
+        async def empty(ctx: nj.JobContext, call_next: Any) -> Any:
+            return await call_next(ctx)
+
+    elif hooks == "prometheus":
+        from nursery_jobs.contrib.prometheus import PrometheusMetrics
+
+        PrometheusMetrics(app)
+    elif hooks == "otel":
+        from opentelemetry.sdk.trace import TracerProvider
+
+        from nursery_jobs.contrib.otel import Tracing
+
+        Tracing(app, tracer_provider=TracerProvider())
 
     @app.job(queue="bench")
     async def noop(ctx: nj.JobContext) -> None:
@@ -132,7 +157,8 @@ def _runtime_keys(n: int, workers: int, keys: int, limited: bool) -> None:
     nj.run(main, app=app, backend=backend, grace=0.0)
 
 
-SIDES = ("baseline", "runtime", "unwatched", "typed", "untyped", "keyed", "unkeyed")
+HOOKS = ("empty", "prometheus", "otel")
+SIDES = ("baseline", "runtime", "unwatched", "typed", "untyped", "keyed", "unkeyed", *(f"hooks_{h}" for h in HOOKS))
 SMOKE_JOBS = 20
 SMOKE_KEYS = 5
 
@@ -143,6 +169,8 @@ def run_side(side: str, n: int, workers: int, keys: int) -> None:
         run_baseline(n, workers)
     elif side in ("runtime", "unwatched"):
         _runtime(n, workers, watch=side == "runtime")
+    elif side.startswith("hooks_"):
+        _runtime(n, workers, hooks=side.removeprefix("hooks_"))
     elif side in ("typed", "untyped"):
         _runtime_args(n, workers, typed=side == "typed")
     else:
@@ -170,6 +198,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--args", action="store_true", help="count the argument check's price instead")
+    parser.add_argument("--hooks", action="store_true", help="count the price of middleware and of the extras instead")
     parser.add_argument("--keys", type=int, default=0, help="count the price of a per-key limit over this many keys instead")
     parser.add_argument("--smoke", action="store_true", help="every side once at a tiny size, without valgrind: counts nothing")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
@@ -191,6 +220,13 @@ def main() -> int:
         print(f"instructions per job, {args.keys:,} keys, {args.workers} workers: no limit {unkeyed:,.0f}, "
               f"limit 1 {keyed:,.0f}; the limit costs {keyed - unkeyed:,.0f} ({(keyed - unkeyed) / unkeyed:+.1%}), "
               f"ratio {unkeyed / keyed:.3f}")  # fmt: skip
+        return 0
+    if args.hooks:
+        bare = per_job("runtime", args.jobs, args.workers)
+        print(f"instructions per job: no middleware {bare:,.0f}")
+        for hook in HOOKS:
+            count = per_job(f"hooks_{hook}", args.jobs, args.workers)
+            print(f"  {hook}: {count:,.0f}, +{count - bare:,.0f} ({(count - bare) / bare:+.1%})")
         return 0
     base = per_job("baseline", args.jobs, args.workers)
     if args.args:

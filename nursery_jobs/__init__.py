@@ -44,6 +44,7 @@ from .errors import (
 from .infra.threads import run_blocking
 from .jobs import BatchContext, BatchJob, Discard, Job, JobContext, JobError, JobId, JobState, Receipt, Resource, Resources, Snooze
 from .client import Client, QueueStats
+from .middleware import AttemptEnd, EnqueuedJob, LoopBlocked, Middleware
 from .coordination.locks import HeldLock
 from .runtime import Runtime, open_runtime, publish, run
 from .services.periodic import PeriodicInfo
@@ -54,6 +55,7 @@ if _TYPE_CHECKING:
 __all__ = [
     "App",
     "ArgsError",
+    "AttemptEnd",
     "Backend",
     "BackendError",
     "BackendUnavailable",
@@ -63,6 +65,7 @@ __all__ = [
     "Client",
     "ConfigError",
     "Discard",
+    "EnqueuedJob",
     "HeldLock",
     "Job",
     "JobContext",
@@ -73,7 +76,9 @@ __all__ = [
     "LockLost",
     "LockTimeout",
     "JobState",
+    "LoopBlocked",
     "MemoryBackend",
+    "Middleware",
     "NurseryJobsError",
     "PeriodicInfo",
     "QueueConfig",

@@ -32,6 +32,7 @@ from .config import (
 from .cron import Cron, parse_schedule
 from .errors import ArgsError, ConfigError, UnknownJob
 from .jobs import ArgsChecker, BatchContext, BatchJob, Resource, Resources, check_context_param, encode_args
+from .middleware import Middleware, as_middleware
 
 if TYPE_CHECKING:
     from .jobs import JobContext, JobId
@@ -43,10 +44,7 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 Handler = Callable[..., Awaitable[Any]]
-Middleware = Callable[["JobContext", Callable[["JobContext"], Awaitable[Any]]], Awaitable[Any]]
-"""``async def mw(ctx, call_next)``: runs around every attempt; must await ``call_next(ctx)``
-(or a context it made from `ctx`) to run the handler. (The seam for tests' planted faults and,
-later, for metrics and tracing: `App._middleware`.)"""
+MW = TypeVar("MW")
 
 
 def _check_delay(_inst: Any, _attr: Any, value: Any) -> None:
@@ -469,8 +467,7 @@ class App:
         self._declared: set[str] = set()
         self._kinds: dict[str, JobKind[Any, Any]] = {}
         self.retry = RetryPolicy()
-        self._middleware: list[Middleware] = []
-        """Run around every attempt, outermost first (see `execution.attempt.KindRunner`)."""
+        self._middlewares: list[Middleware] = []
         self._resources: dict[str, Resource[Any]] = {}
         self._subscriptions: dict[str, list[Subscription]] = {}
         self._periodic: dict[str, Periodic] = {}
@@ -487,6 +484,38 @@ class App:
     def periodic_schedules(self) -> Mapping[str, Periodic]:
         """The declared periodic schedules (`App.periodic`), by name, in declaration order."""
         return dict(self._periodic)
+
+    @property
+    def middlewares(self) -> tuple[Middleware, ...]:
+        """The registered middleware (`middleware`), outermost first; a function registered
+        as one is shown as the `Middleware` that calls it."""
+        return tuple(self._middlewares)
+
+    def middleware(self, mw: MW) -> MW:
+        """Register middleware, run around every attempt and every enqueue of this app's jobs,
+        outermost first (the first registered sees the others' work inside it); returns `mw`,
+        so it also decorates::
+
+            @app.middleware
+            async def timing(ctx, call_next):
+                started = time.perf_counter()
+                try:
+                    return await call_next(ctx)  # the rest of the chain, then the handler
+                finally:
+                    print(ctx.kind, time.perf_counter() - started)
+
+        `mw`: an ``async def mw(ctx, call_next)`` (around each attempt, in the attempt's task and
+        cancel scope), or an `nj.Middleware` instance overriding any of its hooks: around each
+        attempt, when an attempt ended (its outcome, error, wait and run time), around each
+        enqueue (with `meta` to store with the jobs), a blocked loop, a rescue
+        (docs/middleware.md). Register before the runtime opens: a runtime takes the app's
+        middleware when it starts. Raises `ConfigError` for anything else, or one registered
+        twice."""
+        found = as_middleware(mw)
+        if any(m is found or getattr(m, "fn", None) is mw for m in self._middlewares):
+            raise ConfigError(f"middleware {mw!r} is registered twice; register each once")
+        self._middlewares.append(found)
+        return mw
 
     @property
     def resources(self) -> Mapping[str, Resource[Any]]:

@@ -29,6 +29,7 @@ from .errors import ConfigError, QueueFull, RuntimeClosed
 from .infra.sync import Wakeup
 from .infra.threads import ThreadBudget
 from .jobs import Job, JobId, JobState, Receipt, _ExistingJobId, check_job_id, encode_payload
+from .middleware import enqueue_through, hooks_of
 
 __all__ = ["Client", "QueueStats"]
 
@@ -96,6 +97,8 @@ class Client:
         self._room_waiters: set[Wakeup] = set()
         """Enqueues waiting for room in a full bounded queue (woken at once by shutdown, and when
         an enqueue of this process found room)."""
+        self._enqueue_hooks = hooks_of(app.middlewares).around_enqueue
+        """The middleware's `around_enqueue` hooks, outermost first (none: an enqueue pays nothing)."""
         self._full_at: dict[str, float] = {}
         """Per bounded queue, when an enqueue of this process last found it full: a waiting
         enqueue does not try again sooner than its own poll delay after that, so a crowd of
@@ -151,7 +154,13 @@ class Client:
         return kind if isinstance(kind, JobKind) else self.app.kind(kind)
 
     async def insert(self, jobs: Sequence[NewJob]) -> list[JobId]:
-        """Store jobs built by `JobKind.new_job` in one backend call (cancel-atomic)."""
+        """Store jobs built by `JobKind.new_job` in one backend call (cancel-atomic), through the
+        middleware's `around_enqueue` hooks."""
+        if self._enqueue_hooks:
+            return await enqueue_through(self._enqueue_hooks, jobs, self._insert)
+        return await self._insert(jobs)
+
+    async def _insert(self, jobs: Sequence[NewJob]) -> list[JobId]:
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
         if not jobs:
@@ -290,7 +299,12 @@ class Client:
 
     async def insert_tx(self, conn: Any, jobs: Sequence[NewJob]) -> list[JobId]:
         """Store jobs built by `JobKind.new_job` inside the transaction open on `conn` (see
-        `enqueue_tx`)."""
+        `enqueue_tx`), through the middleware's `around_enqueue` hooks."""
+        if self._enqueue_hooks:
+            return await enqueue_through(self._enqueue_hooks, jobs, lambda stored: self._insert_tx(conn, stored))
+        return await self._insert_tx(conn, jobs)
+
+    async def _insert_tx(self, conn: Any, jobs: Sequence[NewJob]) -> list[JobId]:
         backend = self._transactional("enqueue_tx")
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()

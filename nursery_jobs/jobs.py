@@ -39,7 +39,9 @@ __all__ = [
     "JobState",
     "MAX_ERRORS_KEPT",
     "MAX_MESSAGE",
+    "MAX_META_SIZE",
     "MAX_TRACEBACK",
+    "META_KEY",
     "Receipt",
     "Resource",
     "Resources",
@@ -47,11 +49,14 @@ __all__ = [
     "check_context_param",
     "check_job_id",
     "clean_text",
+    "args_with_meta",
     "decode_args",
     "describe_exception",
     "encode_args",
+    "encode_meta",
     "encode_payload",
     "format_traceback",
+    "stored_meta",
 ]
 
 
@@ -261,7 +266,9 @@ class Receipt:
     error: str | None = None
 
 
-@attrs.define(repr=False)  # not frozen: a frozen attrs class costs 3x to build on the per-attempt path
+# Not frozen: a frozen attrs class costs 3x to build on the per-attempt path. Compared by
+# identity (hashable): middleware keys an attempt's own state by its context.
+@attrs.define(repr=False, eq=False)
 class JobContext:
     """What a handler knows about the attempt it is running.
 
@@ -300,6 +307,12 @@ class JobContext:
     def max_attempts(self) -> int:
         most: int = self._attempt.job.max_attempts
         return most
+
+    @property
+    def meta(self) -> dict[str, str]:
+        """What middleware stored with the job when it was enqueued (`EnqueuedJob.meta`: a trace
+        context, say), the same for every attempt of it; empty when nothing was."""
+        return stored_meta(self._attempt.job.args_json)
 
     def __repr__(self) -> str:
         return (
@@ -378,11 +391,16 @@ class BatchJob(Generic[A]):
     def cancel_requested(self) -> bool:
         return bool(self._member.reason == "cancel")
 
+    @property
+    def meta(self) -> dict[str, str]:
+        """What middleware stored with the job at enqueue (see `JobContext.meta`)."""
+        return stored_meta(self._member.job.args_json)
+
     def __repr__(self) -> str:
         return f"BatchJob(id={self.id!r}, attempt={self.attempt!r}, args={self.args!r})"
 
 
-@attrs.define(repr=False)
+@attrs.define(repr=False, eq=False)  # compared by identity, as `JobContext`
 class BatchContext:
     """What a batch handler knows about the batch it is running: `jobs` (the `BatchJob`s, in
     claim order), `deadline` (the Trio-clock instant at which the batch's timeout fires, `inf`
@@ -484,6 +502,11 @@ def encode_args(args: Any) -> str:
         raise ArgsError(f"job args must be a dict of keyword arguments, not {type(args).__name__}")
     if not args:
         return "{}"
+    if META_KEY in args:
+        raise ArgsError(
+            f"job args may not use the key {META_KEY!r}: it holds what middleware stores with a job "
+            "(ctx.meta) and is taken out of the args before the handler sees them; rename the argument"
+        )
     # Flat args of exact scalar types always come back equal; only containers (tuples, non-str
     # keys, depth) and subclasses need the round trip to be checked.
     flat = all(type(v) in _SCALARS for v in args.values()) and all(type(k) is str for k in args)
@@ -551,7 +574,60 @@ def decode_args(text: str) -> dict[str, Any]:
         raise ValueError(f"stored job args are not valid JSON ({type(exc).__name__}: {exc}): {_short_repr(text, 80)}") from None
     if not isinstance(value, dict):
         raise ValueError(f"stored job args are not a JSON object: {_short_repr(text, 80)}")
+    if META_KEY in value:
+        del value[META_KEY]  # middleware's, never the handler's (`stored_meta`)
     return value
+
+
+META_KEY = "nursery_jobs.meta"
+"""The key under which a job's args text carries what middleware stored with it (`EnqueuedJob.meta`,
+read back as `JobContext.meta`). Reserved: an enqueue whose args use it is refused, and
+`decode_args` takes it out, so no handler, `Job.args` or args check ever sees it. In the args
+rather than a column of its own so that every backend stores it as it is, with no schema change,
+and a process that runs no middleware still runs the job. Not an identifier, so no handler
+parameter can be named so."""
+
+MAX_META_SIZE = 4096
+"""The largest JSON text of one job's meta: a trace context is ~100 characters."""
+
+_META_MARK = json.dumps(META_KEY)
+
+
+def encode_meta(meta: Mapping[str, str]) -> str:
+    """The JSON text of a job's meta; `ConfigError` (the middleware's mistake) unless it is a
+    mapping of str to str of at most `MAX_META_SIZE` characters of JSON."""
+    if not isinstance(meta, Mapping) or not all(type(k) is str and type(v) is str for k, v in meta.items()):
+        raise ConfigError(
+            f"a job's meta must map str to str (a middleware set {_short_repr(meta)}); store ids and short text"
+        )
+    text = _encode(dict(meta))
+    if len(text) > MAX_META_SIZE:
+        raise ConfigError(
+            f"a job's meta is {len(text):,} characters of JSON, over the limit of {MAX_META_SIZE:,}: a middleware "
+            "stored too much with the job; keep it to a trace context and a few ids"
+        )
+    return text
+
+
+def args_with_meta(args_json: str, meta_json: str) -> str:
+    """`args_json` (a JSON object's text) with `meta_json` under `META_KEY`."""
+    body = args_json.rstrip()[:-1].rstrip()
+    return f"{body}{',' if body != '{' else ''}{_META_MARK}:{meta_json}}}"
+
+
+def stored_meta(text: str) -> dict[str, str]:
+    """The meta stored in a job's args `text`; empty when there is none, and when what is there
+    is not str to str (a row written by hand: it must not stop the job)."""
+    if _META_MARK not in text:
+        return {}
+    try:
+        value = json.loads(text)
+    except (ValueError, TypeError, RecursionError):
+        return {}
+    meta = value.get(META_KEY) if isinstance(value, dict) else None
+    if not isinstance(meta, dict):
+        return {}
+    return {k: v for k, v in meta.items() if isinstance(v, str)}
 
 
 T = TypeVar("T")

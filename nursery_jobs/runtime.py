@@ -84,6 +84,7 @@ from .infra.owner import TaskOwner, open_owner
 from .infra.runner import run_trio, watch_shutdown_signals
 from .infra.threads import ThreadBudget, current_budget
 from .infra.watchdog import Culprit, Holder, watch_blocked_loop
+from .middleware import Hooks, LoopBlocked, hooks_of
 from .services import ServiceSet
 from .services.backend import BackendService
 from .services.heartbeats import CancelHints, Heartbeats
@@ -114,8 +115,10 @@ class Runtime(Client):
         self.rng = random.Random(random.getrandbits(64))
         self.completer = Completer(backend)
         self.attempts = AttemptRegistry()
+        hooks = self.hooks = hooks_of(app.middlewares)
+        """The app's middleware as the runtime calls it (`middleware.Hooks`), taken at start-up."""
         runners = self.runners = {
-            name: KindRunner.build(kind, app.timeout_for(kind), kind.retry or app.retry, app._middleware)
+            name: KindRunner.build(kind, app.timeout_for(kind), kind.retry or app.retry, hooks.around_attempt)
             for name, kind in app.kinds.items()
         }
         """Each kind's handler chain, by kind name: the executors' own mapping (the testing
@@ -130,6 +133,7 @@ class Runtime(Client):
                 flush_bound=settings.flush_bound,
                 rng=self.rng,
                 on_exit=self._request_exit,
+                observe=hooks.attempt_ended,
             )
             for name in queues
         }
@@ -145,7 +149,12 @@ class Runtime(Client):
                     rescue_after=settings.rescue_after,
                 ),
                 self.cancel_hints,
-                Rescuer(backend, interval=settings.rescue_interval, rescue_after=settings.rescue_after),
+                Rescuer(
+                    backend,
+                    interval=settings.rescue_interval,
+                    rescue_after=settings.rescue_after,
+                    on_rescued=hooks.jobs_rescued,
+                ),
                 Retention(
                     backend,
                     interval=settings.retention_interval,
@@ -462,7 +471,9 @@ async def open_runtime(
         needs_aio = any(k.asyncio and k.queue in names for k in app.kinds.values())
         try:
             async with AsyncExitStack() as stack:
-                stack.enter_context(watch_blocked_loop(settings.blocked_loop_warning, _culprit_or_holder))
+                stack.enter_context(
+                    watch_blocked_loop(settings.blocked_loop_warning, _culprit_or_holder, observe=_blocked_observer(rt.hooks))
+                )
                 if needs_aio:  # imported only when needed: trio_asyncio costs 0.3 s to import
                     from .infra.aio import maybe_open_loop
 
@@ -512,6 +523,21 @@ async def open_runtime(
 def _culprit_or_holder(task: trio.lowlevel.Task) -> Culprit | Holder | None:
     """Whose code a blocked-loop step ran: a job's, else an app resource's (opening or closing)."""
     return culprit_of(task) or holder_of(task)
+
+
+def _blocked_observer(hooks: Hooks) -> Callable[[trio.lowlevel.Task, Culprit | Holder | None, float], None] | None:
+    """The watchdog's finding of each blocked step, for the middleware's `loop_blocked` hooks."""
+    hook = hooks.loop_blocked
+    if hook is None:
+        return None
+
+    def observe(task: trio.lowlevel.Task, culprit: Culprit | Holder | None, seconds: float) -> None:
+        if isinstance(culprit, Culprit):
+            hook(LoopBlocked(seconds, culprit.job_id, culprit.kind, culprit.queue, task.name))
+        else:
+            hook(LoopBlocked(seconds, None, None, None, task.name))
+
+    return observe
 
 
 def run(

@@ -603,7 +603,10 @@ class MemoryBackend:
             row.attempt += 1
             row.attempted_at = row.heartbeat_at = now
             claimed.append(
-                _tuple_new(ClaimedJob, (job_id, row.kind, row.queue, row.args_json, row.attempt, row.max_attempts, row.priority))
+                _tuple_new(
+                    ClaimedJob,
+                    (job_id, row.kind, row.queue, row.args_json, row.attempt, row.max_attempts, row.priority, row.run_at),
+                )
             )
         next_due = None
         while waiting:

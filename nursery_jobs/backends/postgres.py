@@ -1684,13 +1684,13 @@ def _claim_result(jobs: list[tuple[Any, ...]], next_due: float | None, rate_next
     """The claimed rows in claim order, and the earlier of the next due time and rate slot."""
     # Claim order: priority descending, then run_at, id. Two sorts by C key functions (the
     # second stable, so it keeps the first's order within a priority) and the rows' first
-    # seven columns as the ClaimedJob, with no Python call per row: half the cost of a lambda
+    # eight columns as the ClaimedJob, with no Python call per row: half the cost of a lambda
     # key and the NamedTuple's own __new__ (RESULTS.md, h-twoproc).
     jobs.sort(key=_RUN_AT_ID)
     jobs.sort(key=_PRIORITY, reverse=True)
     if rate_next is not None and (next_due is None or rate_next < next_due):
         next_due = rate_next
-    return ClaimResult([_tuple_new(ClaimedJob, r[:7]) for r in jobs], next_due)
+    return ClaimResult([_tuple_new(ClaimedJob, r[:8]) for r in jobs], next_due)
 
 
 _KEY_FREE = (

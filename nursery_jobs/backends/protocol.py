@@ -118,6 +118,10 @@ class ClaimedJob(NamedTuple):  # a tuple: built once per job on the hot path, 3x
     attempt: int
     max_attempts: int
     priority: int
+    run_at: float
+    """When the job last became due, on the backend's clock: its enqueue for a job due at once, its
+    `run_at` (a delay, a retry's backoff, a snooze) otherwise. Its start minus this is the time it
+    waited for a worker (`AttemptEnd.wait`); NaN when the stored value cannot be read."""
 
 
 @attrs.frozen

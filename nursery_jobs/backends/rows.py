@@ -21,6 +21,7 @@ The SQL backends share these readers, so one damage is read the same way everywh
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Iterable, Mapping, Sequence
 
 import attrs
@@ -201,8 +202,9 @@ def job_from_row(row: Sequence[Any]) -> tuple[Job, list[Damage]]:
 
 
 def read_claimed(row: Sequence[Any]) -> ClaimedJob | list[Damage]:
-    """A claimed row ``(id, kind, queue, args, attempt, max_attempts, priority, ...)`` as a
-    `ClaimedJob`, or what in it cannot be read."""
+    """A claimed row ``(id, kind, queue, args, attempt, max_attempts, priority, run_at, ...)`` as a
+    `ClaimedJob`, or what in it cannot be read (a `run_at` that is not a number is NaN: it only
+    times the wait)."""
     damage = [
         Damage(column, row[i], expected)
         for i, column, expected, ok in (
@@ -217,7 +219,8 @@ def read_claimed(row: Sequence[Any]) -> ClaimedJob | list[Damage]:
     if damage:
         return damage
     args = row[3] if isinstance(row[3], str) else ""  # not text: the worker discards it as undecodable
-    return ClaimedJob(row[0], row[1], row[2], args, row[4], row[5], row[6])
+    run_at = float(row[7]) if isinstance(row[7], (int, float)) and not isinstance(row[7], bool) else math.nan
+    return ClaimedJob(row[0], row[1], row[2], args, row[4], row[5], row[6], run_at)
 
 
 def counts_from_rows(rows: Iterable[Sequence[Any]]) -> dict[str, QueueCounts]:

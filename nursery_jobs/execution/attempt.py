@@ -29,17 +29,18 @@ import logging
 import math
 import random
 from collections import abc
-from typing import Any, Awaitable, Callable, Iterator, NamedTuple
+from typing import Any, Awaitable, Callable, Iterator, NamedTuple, Sequence
 
 import trio
 
 from .._context import current_resources, get_enqueuer
-from ..app import BatchKind, JobKind, Middleware
+from ..app import BatchKind, JobKind
 from ..backends import ClaimedJob, Outcome, OutcomeKind
 from ..backends.transitions import on_failure
 from ..config import RetryPolicy
 from ..errors import ArgsError
 from ..infra.sync import Wakeup
+from ..middleware import CallNext
 from ..jobs import (
     BatchJob,
     Discard,
@@ -59,7 +60,6 @@ __all__ = [
     "Batch",
     "BatchMember",
     "KindRunner",
-    "Middleware",
     "decide",
     "decide_batch",
     "process_exit",
@@ -251,7 +251,13 @@ class KindRunner(NamedTuple):
     """The handler chain: ``await call(ctx, args)`` runs one attempt's code."""
 
     @staticmethod
-    def build(kind: JobKind[Any, Any], timeout: float | None, retry: RetryPolicy, middleware: list[Middleware]) -> KindRunner:
+    def build(
+        kind: JobKind[Any, Any],
+        timeout: float | None,
+        retry: RetryPolicy,
+        around: Sequence[Callable[[Any, CallNext], Awaitable[Any]]] = (),
+    ) -> KindRunner:
+        """`around`: the middleware's `around_attempt` hooks, outermost first (`middleware.Hooks`)."""
         fn = kind.fn
         call: Callable[[JobContext, dict[str, Any]], Awaitable[Any]]
         if isinstance(kind, BatchKind):
@@ -274,17 +280,21 @@ class KindRunner(NamedTuple):
                 return fn(ctx, **args)  # the coroutine itself: no frame of our own per attempt
 
             call = direct
-        for mw in reversed(middleware):
+        for mw in reversed(around):
             call = _wrap(mw, call)
         return KindRunner(kind, timeout, retry, call)
 
 
-def _wrap(mw: Middleware, inner: Callable[[JobContext, dict[str, Any]], Awaitable[Any]]) -> Callable[[JobContext, dict[str, Any]], Awaitable[Any]]:
-    async def call(ctx: JobContext, args: dict[str, Any]) -> Any:
-        async def call_next(next_ctx: JobContext) -> Any:
-            return await inner(next_ctx, next_ctx.args)
+def _wrap(
+    mw: Callable[[Any, CallNext], Awaitable[Any]], inner: Callable[[JobContext, dict[str, Any]], Awaitable[Any]]
+) -> Callable[[JobContext, dict[str, Any]], Awaitable[Any]]:
+    # Plain functions returning the awaitable: the middleware's own coroutine is the only frame a
+    # layer adds to an attempt, and `call_next` is made once per kind, not once per attempt.
+    def call_next(next_ctx: JobContext) -> Awaitable[Any]:
+        return inner(next_ctx, next_ctx.args)
 
-        return await mw(ctx, call_next)
+    def call(ctx: JobContext, _args: dict[str, Any]) -> Awaitable[Any]:
+        return mw(ctx, call_next)
 
     return call
 

@@ -82,6 +82,7 @@ from ..infra.owner import open_children, open_owner
 from ..infra.sync import Mailbox, Wakeup
 from ..app import BatchKind
 from ..jobs import BatchContext, BatchJob, Discard, JobContext, JobError, clean_text
+from ..middleware import AttemptEnd
 from .attempt import (
     Attempt,
     AttemptRegistry,
@@ -103,6 +104,7 @@ __all__ = ["HOLD_BOUND", "OUTCOME_SLACK", "PREFETCH_MAX", "PREFETCH_PER_WORKER",
 
 _tuple_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 _COMPLETED = OutcomeKind.COMPLETED
+_FAILED = (OutcomeKind.RETRY, OutcomeKind.DISCARD)
 
 OUTCOME_SLACK = 32
 """Outcomes a queue may have waiting for the completer before it stops claiming: at least its
@@ -145,6 +147,7 @@ class QueueExecutor:
         flush_bound: float,
         rng: random.Random,
         on_exit: Callable[[BaseException, ClaimedJob], None],
+        observe: Callable[[AttemptEnd], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.name = cfg.name
@@ -156,6 +159,9 @@ class QueueExecutor:
         self._flush_bound = flush_bound
         self._rng = rng
         self._on_exit = on_exit
+        self._observe = observe
+        """The middleware's `attempt_ended` hooks (one call for them all), or None: nothing is
+        built for them per attempt."""
         self._idle: list[Mailbox[ClaimedJob]] = []
         self._fetcher_wakeup = Wakeup()
         self._claim_now = True  # claim once at start-up: jobs may be waiting from before
@@ -466,6 +472,7 @@ class QueueExecutor:
         held = self._held
         held_until = self._held_until
         prefetch = self.prefetch
+        observe = self._observe
         clock = trio.lowlevel.current_clock().current_time  # the run's clock (MockClock in tests), one call per read
         try:
             while self._claiming:
@@ -566,6 +573,8 @@ class QueueExecutor:
                                 attempt.scope = None  # ended: a late cancel of it cuts nothing
                                 self.unwritten += 1
                                 completer.push(_tuple_new(Outcome, (job.id, job.attempt, _COMPLETED, None, None)), self)  # common
+                                if observe is not None:
+                                    self._tell_end(job, ctx, _COMPLETED, None, None, ended - started, False)
                                 # The next held job starts at once if taking it needs no yield.
                                 if not (held and self._claiming and len(held) - 1 != self._low_water):
                                     running = False
@@ -599,6 +608,8 @@ class QueueExecutor:
                         # Not our scope: the whole runtime is being torn down from outside. The
                         # attempt is given back, as in a shutdown, and the cancellation goes on.
                         self._push(Outcome(job.id, job.attempt, OutcomeKind.INTERRUPTED))
+                        if observe is not None:
+                            self._tell_end(job, ctx, OutcomeKind.INTERRUPTED, None, None, clock() - started, False)
                     raise
                 if not running:
                     continue  # the worker stopped taking jobs
@@ -606,12 +617,17 @@ class QueueExecutor:
                 if error is None and not scope.cancel_called:
                     self.unwritten += 1
                     completer.push(_tuple_new(Outcome, (job.id, job.attempt, _COMPLETED, None, None)), self)
+                    if observe is not None:
+                        self._tell_end(job, ctx, _COMPLETED, None, None, ended - started, False)
                     continue
                 now = self._backend.now()
                 outcome = decide(job, runner, attempt, error, now, self._rng)
                 self._push(outcome)
                 if outcome.error is not None:
                     report_failure(job, outcome, trio.current_time() - started, now, "handler" if isinstance(error, Discard) else None)
+                if observe is not None:
+                    timed_out = outcome.kind in _FAILED and attempt.cancel_called and attempt.reason is None
+                    self._tell_end(job, ctx, outcome.kind, error, outcome.error, ended - started, timed_out)
                 if error is not None and not isinstance(error, Exception):
                     exit_exc = process_exit(error)
                     assert exit_exc is not None
@@ -794,6 +810,8 @@ class QueueExecutor:
             if only_cancelled(exc):
                 for member in running:  # not our scope: torn down from outside, every attempt given back
                     self._push(Outcome(member.job.id, member.job.attempt, OutcomeKind.INTERRUPTED))
+                    if self._observe is not None:
+                        self._tell_end(member.job, ctx, OutcomeKind.INTERRUPTED, None, None, clock() - started, False)
             raise
         finally:
             current_attempt.reset(token)
@@ -804,10 +822,14 @@ class QueueExecutor:
             self._ended += 1
             self._busy += duration
         now = self._backend.now()
+        observe = self._observe
         for member, outcome in decide_batch(batch, runner, error, returned, now, self._rng):
             self._push(outcome)
             if outcome.error is not None:
                 report_failure(member.job, outcome, duration, now, "handler" if isinstance(error, Discard) else None)
+            if observe is not None:
+                timed_out = outcome.kind in _FAILED and batch.cancel_called and member.reason is None and batch.reason is None
+                self._tell_end(member.job, ctx, outcome.kind, error, outcome.error, duration, timed_out)
         if error is not None and not isinstance(error, Exception):
             exit_exc = process_exit(error)
             assert exit_exc is not None
@@ -817,6 +839,29 @@ class QueueExecutor:
         outcome = Outcome(job.id, job.attempt, OutcomeKind.DISCARD, None, JobError(job.attempt, self._backend.now(), message))
         self._push(outcome)
         report_failure(job, outcome, 0.0, self._backend.now(), "unrunnable")
+        if self._observe is not None:
+            self._tell_end(job, None, OutcomeKind.DISCARD, None, outcome.error, 0.0, False)
+
+    def _tell_end(
+        self,
+        job: ClaimedJob,
+        ctx: JobContext | BatchContext | None,
+        kind: OutcomeKind,
+        error: BaseException | None,
+        recorded: JobError | None,
+        duration: float,
+        timed_out: bool,
+    ) -> None:
+        """Tell the middleware how an attempt ended (`AttemptEnd`). Its wait is timed on the
+        backend's clock, which the job's `run_at` is on: from then to the attempt's start."""
+        assert self._observe is not None
+        wait = self._backend.now() - duration - job.run_at
+        self._observe(
+            AttemptEnd(
+                job.id, job.kind, job.queue, job.attempt, job.max_attempts, kind.value, timed_out, error,
+                None if recorded is None else recorded.message, wait if wait > 0.0 else 0.0, duration, ctx,
+            )  # fmt: skip
+        )
 
     def _push(self, outcome: Outcome) -> None:
         self.unwritten += 1

@@ -30,7 +30,8 @@ code that is no job's but has a name the operator knows better than its task's (
 resource, opening in the runtime's task). Any other task (a runtime service, a task of the
 service around the runtime) is still reported, by its Trio task name and the place where it
 gave the loop back: it stalled the jobs just the same, and the name is often all an operator
-needs.
+needs. A registration may also hand an `observe(task, culprit, seconds)`, told of every offending
+step, repeats included (the log groups those): what metrics count.
 
 One instrument per `trio.run`. Several runtimes may run in one Trio run; each registers its
 threshold and describe function with a shared instrument (held in a `RunVar`), which is added
@@ -106,14 +107,18 @@ class Holder(NamedTuple):
 
 
 Describe = Callable[[trio.lowlevel.Task], "Culprit | Holder | None"]
+Observe = Callable[[trio.lowlevel.Task, "Culprit | Holder | None", float], None]
+"""Told of every offending step (the task, whose it was, the seconds it held the loop), where the
+log groups repeats: for metrics."""
 
 
 class _Registration:
-    __slots__ = ("threshold", "describe")
+    __slots__ = ("threshold", "describe", "observe")
 
-    def __init__(self, threshold: float, describe: Describe) -> None:
+    def __init__(self, threshold: float, describe: Describe, observe: Observe | None = None) -> None:
         self.threshold = threshold
         self.describe = describe
+        self.observe = observe
 
 
 class _Repeats:
@@ -172,8 +177,8 @@ class LoopWatch(trio.abc.Instrument):
 
     # -- registrations --
 
-    def register(self, threshold: float, describe: Describe) -> _Registration:
-        reg = _Registration(threshold, describe)
+    def register(self, threshold: float, describe: Describe, observe: Observe | None = None) -> _Registration:
+        reg = _Registration(threshold, describe, observe)
         self._registrations.append(reg)
         self.threshold = min(r.threshold for r in self._registrations)
         return reg
@@ -197,7 +202,7 @@ class LoopWatch(trio.abc.Instrument):
     def _offending_step(self, task: trio.lowlevel.Task, held: float, now: float) -> None:
         # A hook that raises is disabled by Trio for the rest of the run: nothing here may raise.
         try:
-            culprit = self._culprit(task)
+            culprit, reg = self._culprit(task)
             key: object
             if culprit is None:
                 key = task
@@ -212,6 +217,8 @@ class LoopWatch(trio.abc.Instrument):
                 repeats.longest = max(repeats.longest, held)
             else:
                 self._log_first(task, culprit, key, held, now)
+            if reg is not None and reg.observe is not None:
+                reg.observe(task, culprit, held)
         except Exception:
             log.exception(
                 "blocked-loop watchdog: could not report a step of %.2f s in task %r",
@@ -222,12 +229,14 @@ class LoopWatch(trio.abc.Instrument):
         # Reporting took time of its own: the next step is measured from here.
         self._last = self._clock()
 
-    def _culprit(self, task: trio.lowlevel.Task) -> Culprit | Holder | None:
+    def _culprit(self, task: trio.lowlevel.Task) -> tuple[Culprit | Holder | None, _Registration | None]:
+        """Whose the step was, by the first registration that knows, and that registration (the
+        first one when none does: the step is counted once, by one runtime)."""
         for reg in self._registrations:
             culprit = reg.describe(task)
             if culprit is not None:
-                return culprit
-        return None
+                return culprit, reg
+        return None, self._registrations[0] if self._registrations else None
 
     def _log_first(
         self, task: trio.lowlevel.Task, culprit: Culprit | Holder | None, key: object, held: float, now: float
@@ -336,9 +345,14 @@ _WATCH: trio.lowlevel.RunVar[LoopWatch | None] = trio.lowlevel.RunVar("nursery_j
 
 @contextmanager
 def watch_blocked_loop(
-    threshold: float | None, describe: Describe, *, clock: Callable[[], float] | None = None
+    threshold: float | None,
+    describe: Describe,
+    *,
+    clock: Callable[[], float] | None = None,
+    observe: Observe | None = None,
 ) -> Iterator[LoopWatch | None]:
-    """Report steps that hold the loop longer than `threshold` seconds, for the block.
+    """Report steps that hold the loop longer than `threshold` seconds, for the block; `observe`
+    is told of each (by the registration that knew whose it was).
 
     `None` watches nothing. Joins the Trio run's watch if one is installed (`clock` is then the
     first registrant's), else installs one; the last to leave removes it, also when the block
@@ -352,7 +366,7 @@ def watch_blocked_loop(
         watch = LoopWatch(clock or default_clock)
         trio.lowlevel.add_instrument(watch)
         _WATCH.set(watch)
-    reg = watch.register(threshold, describe)
+    reg = watch.register(threshold, describe, observe)
     try:
         yield watch
     finally:

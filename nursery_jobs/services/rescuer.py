@@ -14,6 +14,8 @@ import logging
 
 import trio
 
+from typing import Callable, Sequence
+
 from ..backends import Backend
 
 __all__ = ["Rescuer"]
@@ -24,10 +26,19 @@ log = logging.getLogger("nursery_jobs")
 class Rescuer:
     name = "rescuer"
 
-    def __init__(self, backend: Backend, *, interval: float, rescue_after: float) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        interval: float,
+        rescue_after: float,
+        on_rescued: Callable[[Sequence[int]], None] | None = None,
+    ) -> None:
         self._backend = backend
         self._interval = interval
         self._rescue_after = rescue_after
+        self._on_rescued = on_rescued
+        """Told the ids of each pass's rescued jobs (the middleware's `jobs_rescued`)."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -49,4 +60,6 @@ class Rescuer:
                         rescued,
                         extra={"event": "jobs_rescued", "job_ids": rescued, "backend": backend.url},
                     )
+                    if self._on_rescued is not None:
+                        self._on_rescued(rescued)
             await trio.sleep(self._interval)

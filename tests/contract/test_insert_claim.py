@@ -8,7 +8,7 @@ import pytest
 import trio
 
 import nursery_jobs as nj
-from nursery_jobs.backends import ClaimedJob, InsertResult, JobsAvailable
+from nursery_jobs.backends import ClaimedJob, InsertResult, JobsAvailable, Outcome, OutcomeKind
 
 from .common import NOT_RUNNING, PENDING, STARTS, STATE_OF, Q, in_state, listen, new, opened
 
@@ -155,9 +155,25 @@ async def test_a_claimed_job_is_running_its_next_attempt_with_a_fresh_heartbeat(
         job = await backend.get_job(res.id)
         assert await backend.rescue(stale_before=now) == []  # its heartbeat started at the claim
         stats = await backend.stats()
-    assert claimed == ClaimedJob(res.id, "work", Q, '{"n": 1}', 1, 7, 3)
+    assert claimed == ClaimedJob(res.id, "work", Q, '{"n": 1}', 1, 7, 3, job.created_at)
     assert job.state is nj.JobState.RUNNING and job.attempt == 1 and job.attempted_at == now
     assert stats[Q].running == 1 and stats[Q].available == 0
+
+
+async def test_a_claimed_job_says_when_it_became_due_its_insert_its_run_at_or_its_backoff(make_backend, autojump_clock) -> None:
+    # What the wait for a worker is timed from (`AttemptEnd.wait`): the insert for a job due at
+    # once, its run_at for a scheduled one, the backoff's end for a retry.
+    async with opened(make_backend) as backend:
+        inserted = backend.now()
+        now_job, later_job = await backend.insert_many([new(), new(delay=20, now=inserted)])
+        await trio.sleep(30)
+        first = {j.id: j.run_at for j in (await backend.claim(Q, 10)).jobs}
+        retry_at = backend.now() + 5
+        await backend.finish_many([Outcome(now_job.id, 1, OutcomeKind.RETRY, retry_at, nj.JobError(1, backend.now(), "x"))])
+        await trio.sleep(10)
+        (again,) = (await backend.claim(Q, 10)).jobs
+    assert first == {now_job.id: inserted, later_job.id: inserted + 20}
+    assert (again.id, again.attempt, again.run_at) == (now_job.id, 2, retry_at)
 
 
 @pytest.mark.parametrize("start", STARTS)

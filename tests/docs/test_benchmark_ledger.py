@@ -76,6 +76,7 @@ PRINTS: dict[str, tuple[str, ...]] = {
         "relay events/s", "relay / enqueue_many", "return -> receipt p50 ms", "smoke run: nothing judged",
         "\npostgres ", "\nsqlite ", "\nmemory ",
     ),
+    "hooks.py": ("CPU per attempt", "empty: ", "prometheus: ", "otel: ", "scrape under load", "smoke run: nothing judged"),
     "batches.py": ("batch 100 jobs/s (x single)", "\npostgres ", "\nsqlite ", "\nmemory "),
     "bounded_queues.py": (
         "bounded near full µs", "free / no bound", "smoke run: nothing judged", "\npostgres ", "\nsqlite ", "\nmemory ",

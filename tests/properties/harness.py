@@ -160,9 +160,9 @@ class World:
             policy = retry(base=q.retry_base, factor=q.retry_factor, cap=100.0, jitter=jitter)
             app.job(queue=q.name, name=q.kind, max_attempts=q.max_attempts, retry=policy)(self._handler())
         if faults.system_task_children:
-            app._middleware.append(_children_as_system_tasks)
+            app.middleware(_children_as_system_tasks)
         if faults.children_in_queue_scope:
-            app._middleware.append(_children_outside_the_attempt)
+            app.middleware(_children_outside_the_attempt)
         if probe:
             app.queue(PROBE_QUEUE, max_workers=1, timeout=None)
             app.job(queue=PROBE_QUEUE, name="probe")(self._probe())

@@ -228,7 +228,7 @@ async def test_middleware_runs_once_around_each_batch_with_its_context(autojump_
         seen.append((type(ctx).__name__, len(ctx.jobs)))
         return await call_next(ctx)
 
-    wrapped._middleware.append(around)
+    wrapped.middleware(around)
 
     @wrapped.batch_job(queue="w", max_size=5, max_wait=0)
     async def bulk(ctx: nj.BatchContext, jobs: list[nj.BatchJob]) -> list[nj.BatchJob]:

@@ -32,10 +32,14 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "nursery_jobs.cron": ("nursery_jobs.errors",),
     "nursery_jobs._context": ("nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.backends.protocol"),
     "nursery_jobs.backends": ("nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.backends"),
-    "nursery_jobs.app": ("nursery_jobs.errors", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.cron", "nursery_jobs._context", "nursery_jobs.backends.protocol"),
+    "nursery_jobs.middleware": ("nursery_jobs.errors", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.backends.protocol"),
+    "nursery_jobs.app": (
+        "nursery_jobs.errors", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.cron", "nursery_jobs._context",
+        "nursery_jobs.backends.protocol", "nursery_jobs.middleware",
+    ),
     "nursery_jobs.execution": (
         "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs._context",
-        "nursery_jobs.backends", "nursery_jobs.app", "nursery_jobs.execution",
+        "nursery_jobs.backends", "nursery_jobs.middleware", "nursery_jobs.app", "nursery_jobs.execution",
     ),
     "nursery_jobs.coordination": (
         "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.backends",
@@ -47,9 +51,10 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     ),
     "nursery_jobs.client": (
         "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.backends",
-        "nursery_jobs.app", "nursery_jobs.coordination",
+        "nursery_jobs.middleware", "nursery_jobs.app", "nursery_jobs.coordination",
     ),
     "nursery_jobs.runtime": ("nursery_jobs",),
+    "nursery_jobs.contrib": ("nursery_jobs",),  # the extras: on top of the public API, imported by nothing
     "nursery_jobs.cli": ("nursery_jobs",),
     "nursery_jobs.testing": ("nursery_jobs",),  # the testing kit: above the runtime it drives
     "nursery_jobs.pytest_plugin": ("nursery_jobs",),
