@@ -112,7 +112,8 @@ def _sqlite(url: str) -> Backend:
 
 
 def _postgres(url: str) -> Backend:
-    from .postgres import PostgresBackend, parse_postgres_url
+    from .postgres.backend import PostgresBackend
+    from .postgres.url import parse_postgres_url
 
     conninfo, opts = parse_postgres_url(url)
     return PostgresBackend(conninfo, **opts)

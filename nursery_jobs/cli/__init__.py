@@ -348,8 +348,8 @@ def migrate(database_url: str, schema: str | None) -> None:
     wait for each other. Run it before starting workers on a new database, and after
     upgrading nursery_jobs.
     """
-    from ..backends.postgres import migrate as apply_migrations
-    from ..backends.postgres import parse_postgres_url
+    from ..backends.postgres.schema import migrate as apply_migrations
+    from ..backends.postgres.url import parse_postgres_url
     from ..infra.pg import psycopg
 
     url = database_url
