@@ -245,7 +245,7 @@ async def open_test_backend(spec: str, folder: str | os.PathLike[str]) -> AsyncI
     backend: Backend
     drop: Callable[[], None] = lambda: None
     if spec in ("sqlite", "sqlite://"):
-        from .backends.sqlite import SqliteBackend
+        from .backends.sqlite.backend import SqliteBackend
 
         class DeterministicSqlite(SqliteBackend):
             _blocking_io = True

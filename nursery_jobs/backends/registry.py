@@ -105,7 +105,8 @@ def _memory(url: str) -> Backend:
 
 
 def _sqlite(url: str) -> Backend:
-    from .sqlite import SqliteBackend, parse_sqlite_url
+    from .sqlite.backend import SqliteBackend
+    from .sqlite.url import parse_sqlite_url
 
     path, synchronous, wake = parse_sqlite_url(url)
     return SqliteBackend(path, synchronous=synchronous, wake=wake)
