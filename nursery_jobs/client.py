@@ -21,7 +21,6 @@ import trio
 
 from .app import App, EnqueueOptions, JobKind
 from .backends import Backend, NewJob, Outbox, QueueCounts, TransactionalEnqueue
-from .backends.transitions import check_batch
 from .config import PUSH_POLL, check_name
 from .coordination.receipts import Receipts
 from .config import DEFAULT_QUEUE
@@ -29,6 +28,7 @@ from .errors import ConfigError, QueueFull, RuntimeClosed
 from .infra.sync import Wakeup
 from .infra.threads import ThreadBudget
 from .jobs import Job, JobId, JobState, Receipt, _ExistingJobId, check_job_id, encode_payload
+from .rules import check_batch
 
 __all__ = ["Client", "QueueStats"]
 

@@ -5,7 +5,8 @@ circle closed by a type-only import is still a circle in the design. From the bo
 
 - `errors`, `infra` (the only owner of tasks; imports nothing of the library but `errors`)
 - `jobs`, `config`, `cron`, `_context` (the vocabulary; ContextVars only)
-- `backends` (the protocol by capability, the job rules, the stores)
+- `rules` (the job rules: what a job's row may become, with no I/O)
+- `backends` (the protocol by capability, the stores)
 - `app` (declarations; builds the jobs a backend stores)
 - `execution`, `coordination`, `services` (each part built with exactly what it uses)
 - `client` (enqueue, get, wait, cancel, stats)
@@ -30,24 +31,28 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "nursery_jobs.jobs": ("nursery_jobs.errors",),
     "nursery_jobs.config": ("nursery_jobs.errors",),
     "nursery_jobs.cron": ("nursery_jobs.errors",),
+    "nursery_jobs.rules": ("nursery_jobs.errors", "nursery_jobs.jobs", "nursery_jobs.config"),
     "nursery_jobs._context": ("nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.backends.protocol"),
-    "nursery_jobs.backends": ("nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.backends"),
+    "nursery_jobs.backends": (
+        "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.rules",
+        "nursery_jobs.backends",
+    ),
     "nursery_jobs.app": ("nursery_jobs.errors", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.cron", "nursery_jobs._context", "nursery_jobs.backends.protocol"),
     "nursery_jobs.execution": (
         "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs._context",
-        "nursery_jobs.backends", "nursery_jobs.app", "nursery_jobs.execution",
+        "nursery_jobs.rules", "nursery_jobs.backends", "nursery_jobs.app", "nursery_jobs.execution",
     ),
     "nursery_jobs.coordination": (
-        "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.backends",
-        "nursery_jobs.coordination",
+        "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.rules",
+        "nursery_jobs.backends", "nursery_jobs.coordination",
     ),
     "nursery_jobs.services": (
-        "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.backends",
-        "nursery_jobs.app", "nursery_jobs.execution.attempt", "nursery_jobs.services",
+        "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.rules",
+        "nursery_jobs.backends", "nursery_jobs.app", "nursery_jobs.execution.attempt", "nursery_jobs.services",
     ),
     "nursery_jobs.client": (
-        "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.backends",
-        "nursery_jobs.app", "nursery_jobs.coordination",
+        "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.rules",
+        "nursery_jobs.backends", "nursery_jobs.app", "nursery_jobs.coordination",
     ),
     "nursery_jobs.runtime": ("nursery_jobs",),
     "nursery_jobs.cli": ("nursery_jobs",),
@@ -65,21 +70,26 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _from_target(path: Path, node: ast.ImportFrom) -> str:
+    """The module a `from ... import` in `path` reads from, its dots resolved."""
+    if not node.level:
+        return node.module or ""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    base = package.split(".")
+    base = base[: len(base) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imports(path: Path) -> set[str]:
     """Every nursery_jobs module `path` imports, however and wherever it does."""
     name = _module_name(path)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("nursery_jobs"))
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _from_target(path, node)
             if not target.startswith("nursery_jobs"):
                 continue
             found.add(target)

@@ -59,7 +59,7 @@ class Claims(PostgresBase):
         async def body(conn: TrioConnection) -> ClaimResult:
             # The time is read again before each statement, with the connection in hand: a
             # rate counts each start at the time its statement was sent (never before the key's
-            # latest start, `transitions.rate_time`), and the handler starts when the claim
+            # latest start, `rules.rate_time`), and the handler starts when the claim
             # answers, so a look that starts jobs after the round trips of the looks before
             # it must not count them from before those.
             now = self.now()

@@ -6,7 +6,7 @@ is one `INSERT ... SELECT FROM unnest(...)`, or from `COPY_AT` jobs on, `COPY` i
 (ids reserved from the sequence first, so they keep the order). Jobs with a unique key go one by
 one (`ON CONFLICT ... DO NOTHING`, then a lookup of the holder). A batch into a queue declared
 with `max_length` is inserted and counted in one transaction under the queue's enqueue lock
-(`transitions.check_room` decides).
+(`rules.check_room` decides).
 
 Every shape runs on a `Session`, so a job stored in a transaction (`rt.transaction()`, a caller's
 connection) is the job `insert_many` stores. Inserts are not retried on a lost connection: whether
@@ -19,8 +19,8 @@ from typing import Any, Sequence
 
 import trio
 
+from ...rules import check_room
 from ..protocol import Bounds, InsertResult, JobsAvailable, NewJob
-from ..transitions import check_room
 from .connection import PostgresBase
 from .sessions import Session, TrioSession, atomic
 
@@ -72,7 +72,7 @@ class Inserts(PostgresBase):
         advisory lock, in queue order, held to the commit), insert the rows, then count each
         bounded queue's pending jobs with them (`count_pending`: three index-only reads of the
         pending rows' partial indexes, each of at most `max_length + 1` entries, so the cost
-        grows with the bound, never with the table), and let `transitions.check_room` decide; `QueueFull` rolls the
+        grows with the bound, never with the table), and let `rules.check_room` decide; `QueueFull` rolls the
         rows back. Under the lock the count is a new statement, and so (READ COMMITTED) sees
         every enqueue of the queue that committed before the lock was granted: exact."""
         if not jobs:

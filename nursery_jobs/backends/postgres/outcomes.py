@@ -6,7 +6,7 @@ elsewhere. Both hold through one statement shape (`statements.outcomes`): `UPDAT
 ANY(<ids>)`, each row's outcome read from a jsonb object keyed by "id:attempt" (`outcomes_json`),
 so no list is joined against the table (no plan can walk the table for it, whatever the statistics
 say) and a row is updated only if it is still `running` under the attempt the worker claimed (the
-fencing token). What each outcome makes of the row is the job rules' (`transitions.sql_case`).
+fencing token). What each outcome makes of the row is the job rules' (`rules.sql_case`).
 Heartbeats take the same shape (`attempt_keys`), and commit with `synchronous_commit = off`: a
 heartbeat lost in a server crash is one missed beat. A cancel is one statement with its NOTIFY, so
 it either happened with its wake-up or not at all.

@@ -4,7 +4,7 @@ A claim is ``BEGIN IMMEDIATE`` (SQLite's write lock) around the read of the due 
 ``UPDATE ... RETURNING`` that starts them, so two processes can never claim the same job, and the
 counts the limits are judged on are exact: nobody else writes meanwhile. The due jobs are read
 lazily, in claim order, from an index that holds only claimable rows that are not parked, and the
-job rules decide which may start (`transitions.admit_rated`, the concurrency and rate limits
+job rules decide which may start (`rules.admit_rated`, the concurrency and rate limits
 together), stopping at the one that fills the claim. What a claim passes over for a full key is
 parked (`parking`); what it passes over for its rate alone is parked with its key's wake time
 (`rates`); at most `PARK_AT_ONCE` rows are read beyond the claim's room, so a backlog never makes
@@ -17,9 +17,9 @@ import itertools
 import sqlite3
 from typing import Any, Iterator
 
+from ...rules import PARK_AT_ONCE, admit_rated, rate_slot
 from ..protocol import BackendEvent, ClaimedJob, ClaimResult, JobsAvailable
 from ..rows import Damage, read_claimed
-from ..transitions import PARK_AT_ONCE, admit_rated, rate_slot
 from .connection import IDS_PER_STATEMENT
 from .parking import RunningByKey, passed_over
 from .rates import RateStarts, rate_of, rate_park, rate_wake_release, record_starts
@@ -35,11 +35,11 @@ class Claims(Repairs):
     async def claim(self, queue: str, limit: int, *, max_running: int | None = None) -> ClaimResult:
         def body(conn: sqlite3.Connection) -> tuple[ClaimResult, list[BackendEvent]]:
             # The claim's time is read once it holds the write lock, not before it waits for
-            # it: a rate counts each start at this time (`transitions.rate_time`), and the
+            # it: a rate counts each start at this time (`rules.rate_time`), and the
             # handler starts right after the commit, so a claim that waited for another
             # process's transaction must not count its starts from before that wait.
             now = self._now_locked()
-            # The due jobs that are not parked, in claim order, read lazily: `transitions.admit`
+            # The due jobs that are not parked, in claim order, read lazily: `rules.admit`
             # takes them one by one, counting each key's running jobs once, and stops at
             # `limit`. A keyed job it passes over (its key is full) is parked, so later claims
             # do not read it again; a job of the key leaving `running` brings the best one back

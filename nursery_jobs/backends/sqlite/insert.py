@@ -3,7 +3,7 @@
 The write lock is held from ``BEGIN IMMEDIATE`` to the commit, so a batch is all or nothing, no
 job of it can be claimed before the rest is in, and the enqueues into a bounded queue are
 serialized by the lock itself: the batch's rows go in under a savepoint, the queue's pending jobs
-are counted with them, and `transitions.check_room` decides. A batch without unique keys is one
+are counted with them, and `rules.check_room` decides. A batch without unique keys is one
 `executemany`; a job with a unique key is an upsert that finds the holder when there is one.
 
 Every path that stores jobs (`insert_many`, `rt.transaction()`, a caller's connection, schedules,
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Sequence
 
+from ...rules import check_room
 from ..protocol import BackendEvent, Bounds, InsertResult, JobsAvailable, NewJob
-from ..transitions import check_room
 from .connection import SqliteBase
 from .schema import IS_PENDING, NOT_FINAL
 
@@ -64,7 +64,7 @@ class Inserts(SqliteBase):
 
         With `bounds` for a queue of the batch: the rows go in under a savepoint, each bounded
         queue's pending jobs are counted with them (at most `max_length + 1`, through the
-        pending rows' index) and `transitions.check_room` decides; `QueueFull` rolls back to the
+        pending rows' index) and `rules.check_room` decides; `QueueFull` rolls back to the
         savepoint, so a caller's transaction keeps the rest of its work. The write lock, held
         from the insert to the commit, is what serializes the enqueues of a queue."""
         if bounds and any(job.queue in bounds for job in jobs):

@@ -15,9 +15,9 @@ import sqlite3
 from typing import Any, Mapping
 
 from ...jobs import MAX_ERRORS_KEPT, JobState
+from ...rules import after_rescue, unparks
 from ..protocol import BackendEvent, JobFinalized, JobsAvailable
 from ..rows import Damage, error_entry, read_errors, rescue_message
-from ..transitions import after_rescue, unparks
 from .parking import repair_parked, unpark
 from .repair import Repairs
 
@@ -92,7 +92,7 @@ class Maintenance(Repairs):
         now = self.now()
 
         def body(conn: sqlite3.Connection) -> int:
-            # Rate keys idle longer than their window limit nothing (`transitions.rate_idle`).
+            # Rate keys idle longer than their window limit nothing (`rules.rate_idle`).
             conn.execute(
                 "DELETE FROM nj_rate WHERE key IN (SELECT key FROM nj_rate WHERE last + per <= ? LIMIT ?)", (now, limit)
             )

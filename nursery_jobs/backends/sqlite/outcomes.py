@@ -3,7 +3,7 @@
 Every write is conditional on the attempt the worker claimed (the fencing token), so a late
 worker can never overwrite a job that moved on. An outcome batch is one read of its rows and one
 `executemany` per kind of write, whatever its size; what each outcome makes of a row is the job
-rules' (`transitions.after_outcome`), applied row by row. A job leaving `running` frees its key's
+rules' (`rules.after_outcome`), applied row by row. A job leaving `running` frees its key's
 place: the key's best parked job comes back in the same transaction (`parking.unpark`).
 """
 
@@ -15,9 +15,9 @@ from typing import Any, Sequence
 
 from ...errors import JobNotFound
 from ...jobs import MAX_ERRORS_KEPT, JobState
+from ...rules import CancelAction, after_outcome, on_cancel, unparks
 from ..protocol import BackendEvent, CancelRequested, HeartbeatResult, JobFinalized, JobsAvailable, Outcome
 from ..rows import STATES, Damage, error_entry, read_errors
-from ..transitions import CancelAction, after_outcome, on_cancel, unparks
 from .connection import IDS_PER_STATEMENT
 from .parking import HAS_PARKED, unpark
 from .repair import Repairs

@@ -5,7 +5,7 @@ read it again, and every one after, so a backlog of one busy key would make ever
 queue slower. Such a job is parked instead (a flag that keeps it out of the claim's index,
 `nj_jobs_claimable`): it stays `available`, and no claim reads it, until a change frees a place
 of its key -- a job of the key leaving `running`, or a cancelled pending job that was not parked
--- which brings back the key's best parked job (`unpark`, as `transitions.unparks` says how many).
+-- which brings back the key's best parked job (`unpark`, as `rules.unparks` says how many).
 The rescuer's pass repairs a key left with parked jobs and a free slot (`repair_parked`), which
 only a row written by something else can leave.
 """
@@ -16,8 +16,8 @@ import collections
 import sqlite3
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from ...rules import parked_can_start
 from ..protocol import JobsAvailable
-from ..transitions import parked_can_start
 
 __all__ = ["HAS_PARKED", "RunningByKey", "passed_over", "repair_parked", "unpark"]
 
@@ -64,7 +64,7 @@ def passed_over(
 
 def unpark(conn: sqlite3.Connection, keys: Sequence[Any]) -> list[JobsAvailable]:
     """Bring back into claim order the best parked job of its key once per entry of `keys`
-    (`transitions.unparks`): the job is claimable again, in the transaction that freed its
+    (`rules.unparks`): the job is claimable again, in the transaction that freed its
     place. Returns the wake-up of each queue a job came back to: a key is not scoped to a
     queue, so the job a slot lets back may be another queue's than the one that freed it."""
     queues: dict[str, None] = {}
@@ -95,7 +95,7 @@ probe of `nj_jobs_parked` is cheaper than the statement that would find nothing)
 
 
 def repair_parked(conn: sqlite3.Connection, now: float) -> list[str]:
-    """The rescuer's repair (`transitions.parked_can_start`): a key with parked jobs and a free
+    """The rescuer's repair (`rules.parked_can_start`): a key with parked jobs and a free
     slot brings back its best one; normally there is none (only a row written by something else
     can leave one; a parked job with no key, which no slot would bring back, always comes back).
     Returns the queue of each job brought back."""

@@ -1,7 +1,7 @@
 """Rate keys: each key's recorded starts, and the jobs parked for their rate.
 
 A job with a rate key may start only while its key has a slot in its window
-(`transitions.rate_slot`). The claim reads each key's record once (`RateStarts`, from `nj_rate`)
+(`rules.rate_slot`). The claim reads each key's record once (`RateStarts`, from `nj_rate`)
 and writes it back once, trimmed to the starts that still count (`record_starts`). A due job
 refused for its rate alone is parked (`rate_park`), with its key's wake time in the queue
 (`nj_rate_wake`) at its next slot, so a key over its rate with a large backlog costs later claims
@@ -16,8 +16,8 @@ import math
 import sqlite3
 from typing import Any, Iterator, Mapping, Sequence
 
+from ...rules import rate_log, rate_release, rate_time
 from ..protocol import JobsAvailable
-from ..transitions import rate_log, rate_release, rate_time
 from .connection import IDS_PER_STATEMENT
 from .parking import unpark
 
@@ -84,7 +84,7 @@ def record_starts(
     added: Mapping[str, int],
     now: float,
 ) -> None:
-    """Each rate key's record after the claim: its latest starts (`transitions.rate_log`), kept
+    """Each rate key's record after the claim: its latest starts (`rules.rate_log`), kept
     for the largest limit and window of the jobs the claim weighed against it (`rate_sized`);
     a key that only refused jobs keeps its starts, its `cap` and `per` grown to those."""
     for key, (most, longest) in sized.items():
@@ -103,7 +103,7 @@ def record_starts(
 
 def rate_wake_release(conn: sqlite3.Connection, queue: str, now: float, starts: RateStarts) -> int:
     """The rate keys of `queue` whose wake time has come bring back their best parked jobs, as
-    many as their window admits now (`transitions.rate_release`); each key's wake moves to the
+    many as their window admits now (`rules.rate_release`); each key's wake moves to the
     next slot of the first job kept, or goes when none is. Returns how many came back."""
     back = 0
     for (key,) in conn.execute("SELECT key FROM nj_rate_wake WHERE queue = ? AND wake <= ?", (queue, now)).fetchall():

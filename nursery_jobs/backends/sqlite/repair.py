@@ -16,9 +16,9 @@ import sqlite3
 from typing import Any
 
 from ...jobs import MAX_ERRORS_KEPT, JobState
+from ...rules import unparks
 from ..protocol import BackendEvent, JobFinalized
 from ..rows import SET_ASIDE_COLUMNS, STATES, Damage, error_entry, read_errors, set_aside_message
-from ..transitions import unparks
 from .connection import SqliteBase
 from .parking import unpark
 
@@ -36,7 +36,7 @@ class Repairs(SqliteBase):
         """Discard a row the runtime cannot read, in the caller's transaction: its unreadable
         columns are reset so that it can be read from now on, and an error names what was found
         (see `backends.rows`). A keyed row that held a slot (one the claim had just started) brings
-        back its key's best parked job (`transitions.unparks`), as any job leaving `running` does.
+        back its key's best parked job (`rules.unparks`), as any job leaving `running` does.
         Returns its JobFinalized, then the wake-up of each queue a job came back to."""
         found = conn.execute("SELECT errors, state, concurrency_key, parked FROM nj_jobs WHERE id = ?", (job_id,)).fetchone()
         entries, _ = read_errors(found[0] if found else None)

@@ -6,7 +6,7 @@ value), rendered once per backend (`PostgresBase.__init__`) and prepared at its 
 pooled connection. They sit apart from the Python that sends them, as River keeps its queries in
 files of their own: a statement's shape decides its plan, and the reasons for a shape are long
 and belong beside the SQL, not inside the call that runs it. The statements that decide a job
-rule in SQL are generated from the rules (`transitions.sql_case`) or held to them by a test.
+rule in SQL are generated from the rules (`rules.sql_case`) or held to them by a test.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ The long comment above `STATEMENTS["claim"]` is the claim's design; `_claim_sql`
 from __future__ import annotations
 
 from ....infra.pg import sql  # psycopg only through infra: import order
-from ...transitions import PARK_AT_ONCE
+from ....rules import PARK_AT_ONCE
 
 __all__ = ["STATEMENTS"]
 
@@ -159,7 +159,7 @@ def _claim_lean_sql() -> str:
         " WHERE id = ANY(ARRAY(SELECT id FROM scan WHERE lead AND plain))"
         " RETURNING id, kind, queue, args, attempt, max_attempts, priority, run_at),"
         # The keyed rows of the prefix, in claim order, go to `claim_picked` (migration 0015),
-        # which admits them under their keys' locks (`transitions.admit`), after `claimed` is
+        # which admits them under their keys' locks (`rules.admit`), after `claimed` is
         # written (the one-time filter's count runs it first), as the full claim hands it its
         # keyed picks. No rate key is among them: no rate is weighed and nothing is parked.
         " hold AS (SELECT array_agg(id ORDER BY " + _CLAIM_ORDER + ") AS ids,"
@@ -208,7 +208,7 @@ STATEMENTS: dict[str, sql.SQL] = {
     # a busy key holds back nothing behind it; keyed jobs picked are not claimed by the
     # statement's own update but by `claim_picked_parking` (migration 0014, after 0013's
     # `claim_picked`), called at its end, which decides under the keys' locks
-    # (`transitions.admit_rated`, restated in SQL there): a claim is one round trip with limits
+    # (`rules.admit_rated`, restated in SQL there): a claim is one round trip with limits
     # or without.
     # Parked jobs (migration 0011): `jobs_available` leaves parked rows out, and the scan of
     # available rows reads them with their `_KEY_FREE` as a column, counting the free ones (a

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ....infra.pg import sql  # psycopg only through infra: import order
 from ....jobs import JobState
-from ...transitions import PENDING
+from ....rules import PENDING
 
 __all__ = ["STATEMENTS"]
 
@@ -65,7 +65,7 @@ STATEMENTS: dict[str, sql.SQL] = {
         "SELECT count(pg_advisory_xact_lock(hashtext('nursery_jobs max_length ' || {schema_text}), hashtext(q)))"
         " FROM unnest(%s::text[]) AS u(q)"
     ),
-    # Pending jobs (`transitions.PENDING`) of a queue, each part up to a limit, through the three
+    # Pending jobs (`rules.PENDING`) of a queue, each part up to a limit, through the three
     # partial indexes that hold them: `jobs_available` (unparked), `jobs_parked_queue` (parked,
     # migration 0012) and `jobs_waiting` (the other pending states).
     "count_pending": sql.SQL(

@@ -49,7 +49,7 @@ STATEMENTS: dict[str, sql.SQL] = {
         "  CROSS JOIN LATERAL (SELECT id FROM {s}.jobs WHERE state = c.state AND finalized_at < c.before"
         "   ORDER BY finalized_at LIMIT %(limit)s) d LIMIT %(limit)s),"
         " del AS (DELETE FROM {s}.jobs j WHERE j.id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1),"
-        # Rate keys idle longer than their window (`transitions.rate_idle`, migration 0010); the
+        # Rate keys idle longer than their window (`rules.rate_idle`, migration 0010); the
         # condition is in the DELETE's own WHERE, so a record a claim updated meanwhile stays.
         " idle AS (DELETE FROM {s}.rate_keys r WHERE r.key = ANY(ARRAY(SELECT key FROM {s}.rate_keys"
         "  WHERE last + per <= %(now)s LIMIT %(limit)s)) AND r.last + r.per <= %(now)s)"

@@ -2,14 +2,14 @@
 
 Each updates its rows by primary key from ids it carries, fenced by "id:attempt" keys, and joins
 no list against the table; the comment above `STATEMENTS["finish"]` says why. The outcome
-statement's new values are generated from the job rules (`transitions.sql_case`).
+statement's new values are generated from the job rules (`rules.sql_case`).
 """
 
 from __future__ import annotations
 
 from ....infra.pg import sql  # psycopg only through infra: import order
 from ....jobs import MAX_ERRORS_KEPT
-from ...transitions import sql_case
+from ....rules import sql_case
 
 __all__ = ["KEEP_ERRORS", "STATEMENTS", "UNPARK_FREED"]
 
@@ -45,7 +45,7 @@ STATEMENTS: dict[str, sql.SQL] = {
     # by ctid skipped a row updated meanwhile (an outcome lost); and a plan per call costs its
     # planning on every call. Against the join on fresh statistics this costs the same at one
     # outcome and 17 % more at 4,000 (30 against 26 ms). The new values come from the job rules
-    # (`transitions.sql_case`): the same table the other backends apply row by row.
+    # (`rules.sql_case`): the same table the other backends apply row by row.
     "finish": sql.SQL(
         "WITH upd AS ("
         " UPDATE {s}.jobs j SET (state, attempt, run_at, finalized_at, errors, failed_attempts, interrupted) ="
@@ -86,7 +86,7 @@ STATEMENTS: dict[str, sql.SQL] = {
         "  FROM (SELECT DISTINCT queue FROM freed) f"
     ),
     "cancel": sql.SQL(
-        # on_cancel (transitions): a final job is left alone, a running one gets its request
+        # on_cancel (rules): a final job is left alone, a running one gets its request
         # (once: a second cancel changes nothing and tells nobody), a pending one ends now.
         # The update names its row by id, not only through `cur`: joined to `cur` alone, a plan
         # made on an empty analyzed table walked the whole primary key for it.
