@@ -13,8 +13,9 @@ circle closed by a type-only import is still a circle in the design. From the bo
 - `runtime` (the composition root), then `cli` and the package's `__init__`, and the testing kit
   (`testing`, `pytest_plugin`), which drives the runtime from above
 
-A part may import its own layer's modules and any layer below, never one above; and the import
-graph has no cycle.
+A part may import its own layer's modules and any layer below, never one above; the import graph
+has no cycle (a package's `__init__` and its modules included); and no layer imports a private
+name (`_x`) of another.
 """
 
 from __future__ import annotations
@@ -130,8 +131,7 @@ def test_every_module_imports_only_its_own_layer_and_those_below() -> None:
 
 def test_the_import_graph_has_no_cycle() -> None:
     graph = _graph()
-    # a package's __init__ re-exporting its modules is not a dependency of those modules on it
-    edges = {m: {t for t in ts if t in graph and not m.startswith(t + ".")} for m, ts in graph.items()}
+    edges = {m: {t for t in ts if t in graph} for m, ts in graph.items()}
     state: dict[str, int] = {}
     cycle: list[str] = []
 
@@ -150,6 +150,22 @@ def test_the_import_graph_has_no_cycle() -> None:
         if module not in state and visit(module, [module]):
             break
     assert not cycle, " -> ".join(cycle)
+
+
+def test_no_layer_imports_a_private_name_of_another() -> None:
+    """A name with a leading underscore is its layer's own: another layer uses the module
+    through its public names only, so the private ones can change without looking outside."""
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_name(path)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            target = _from_target(path, node)
+            if not target.startswith("nursery_jobs") or _rule(target)[0] == _rule(module)[0]:
+                continue
+            wrong += [f"{module} imports {target}.{a.name}" for a in node.names if a.name.startswith("_")]
+    assert wrong == [], "\n".join(wrong)
 
 
 def test_the_check_sees_a_layer_broken() -> None:
