@@ -39,8 +39,9 @@ POOL_SESSION = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off"
 
 Each of the runtime's statements is prepared at its first use on a connection (`prepare=True`
 per call; the connection keeps psycopg's default threshold, for a service's own statements in
-`transaction()`) and always runs on its generic plan, so the server never plans a claim again per call: with the default (`auto`), a
-claim on an analyzed table was re-planned every time, 0.88 ms of planning for 0.25 ms of work.
+`transaction()`) and always runs on its generic plan, so the server never plans a claim again
+per call: with the default (`auto`), a claim on an analyzed table was re-planned every time,
+0.88 ms of planning for 0.25 ms of work.
 That is safe because each hot statement is shaped so that its one plan is right whatever the
 statistics say, even a plan made while the table was empty (migration 0004;
 tests/backends/postgres/test_plans.py): the outcome, heartbeat, cancel and rescue statements

@@ -4,8 +4,8 @@ A worker that stops heartbeating (its process killed, its host gone) leaves its 
 The rescuer's pass (`rescue`) takes every running row whose heartbeat is older than the bound in
 one statement, and ends each attempt as the job rules' `after_rescue` says (restated in SQL there:
 cancelled if requested, discarded with no attempt left, else available now), freeing the keys'
-slots it held. The other processes hear of it by NOTIFY before anything else runs, so a repair
-that fails cannot lose the wake-ups. The repair that follows brings back the parked jobs of any
+slots it held. The other processes hear of it by NOTIFY before the repair runs, so a repair that
+fails cannot lose the wake-ups. The repair that follows brings back the parked jobs of any
 key left with a free slot -- normally none: only something but this runtime writing the rows can
 leave one. Retention (`delete_finished`) deletes the oldest final rows per state, and rate keys
 idle longer than their window, in bounded batches by primary key.

@@ -1,8 +1,65 @@
 """The claim statements: the full claim, the one under a global limit, the lean one, and the two
 round trips a claim adds for rate keys (`rate_park`, `rate_release`).
 
-The long comment above `STATEMENTS["claim"]` is the claim's design; `_claim_sql` and
-`_claim_lean_sql` build the statements from fragments shared by the scans.
+**Where the due jobs come from.** Two places (migration 0002): `available` rows (always due) in
+claim order from `jobs_available`, and scheduled/retryable rows that came due from `jobs_waiting`
+(queue, run_at), up to `_PROMOTE_AT_ONCE` of them, oldest first: neither scan reads a row that is
+not due. The best `limit` of both are claimed; the due waiting rows not claimed become `available`
+in the same statement, so the next claim finds them in claim order. Claim order (priority, then
+run_at, then id) is exact among due jobs unless more than `_PROMOTE_AT_ONCE` waiting rows came
+due at once: then the rest join at the next claims. Both scans lock with SKIP LOCKED; rows locked
+and not updated are free again at the statement's end. The next due time is the first not-due
+waiting row's, from `jobs_waiting` too (an `available` row is due: only a host whose clock runs
+behind the writer's can see one ahead of its time, and its next poll or wake-up finds it).
+
+**Rows by id, never by a join.** The two UPDATEs take their rows by `id = ANY(ARRAY(...))`, a
+lookup in the primary key: as `id IN (SELECT ...)`, a generic plan made while the table was empty
+(analyzed after a drain, or on a fresh deploy) joined the picked ids against a full scan of the
+primary key, ~0.3 s per claim once 10,000 jobs had arrived.
+
+**Concurrency keys** (migration 0006). Both scans pass over a keyed job whose key is at its limit
+as this statement's snapshot sees it (`_KEY_FREE`, a probe of `jobs_running_key`), so a busy key
+holds back nothing behind it; keyed jobs picked are not claimed by the statement's own update but
+by `claim_picked_parking` (migration 0014, after 0013's `claim_picked`), called at its end, which
+decides under the keys' locks (`rules.admit_rated`, restated in SQL there): a claim is one round
+trip with limits or without. Under a queue's global limit (`claim_limited`) every job picked goes
+to it, and it counts the queue's running jobs under the queue's lock.
+
+**Parked jobs** (migration 0011). `jobs_available` leaves parked rows out, and the scan of
+available rows reads them with their `_KEY_FREE` as a column, counting the free ones (a window
+whose run condition stops the index scan after `limit` free rows), and reads at most
+`PARK_AT_ONCE` rows more than `limit`. That bound is a LIMIT under the window, not a bound on the
+window's row number, because the planner prices a scan for the rows its LIMIT lets through and a
+run condition is no LIMIT to it: priced for every available row, the generic plan of a table
+whose available rows were a tenth of it was a bitmap scan of all of them and a sort on disk,
+~100 ms a claim. The keyed rows the scan passed over are parked, each only if the statement holds
+share locks (SKIP LOCKED) on at least its limit of its key's running rows: a row leaving `running`
+waits for those locks, then unparks in a snapshot of its own (`outcomes.UNPARK_FREED`). The last
+row carries how many were parked: the claim looks again behind them.
+
+**Rate keys** (migration 0014). The scan reads a rate-keyed row with its verdict as a column
+(`_RATE_OPEN`, so the window's bound counts it), and the last row carries the ids it passed over
+for their rate, for `rate_park`, and the queue's earliest rate wake time, which the claim passes
+to `rate_release` once it has come: one round trip more for each, and only when there is
+something to park or a wake time has come. A picked job that `claim_picked_parking` refuses for
+its rate (under the key's lock, several of one key in one pick) is parked by it, through
+`rate_park`, in the same statement; its slot comes back in the last row with the others'.
+
+**The lean claim** (`claim_lean`), for a queue with no global limit whose due jobs need none of
+the full claim's other CTEs: the lean prefix of the first `limit` available rows in claim order
+(rows with no rate key, and no concurrency key or one whose key has room as the statement's
+snapshot sees it, `_KEY_FREE`), through `jobs_available` as the full claim reads it. Its plain
+rows are claimed by its own update; its keyed ones go to `claim_picked`, which decides under the
+keys' locks in a snapshot of its own, as the full claim's keyed picks do, so the lean start can
+never put a key over its limit. It claims nothing when a scheduled or retryable job has come due
+(the full claim promotes it, and it may come first) or a rate wake time has come, and its last
+row says whether the full claim must run for the rest (those, a row behind the prefix that is not
+lean, or a keyed job `claim_picked` did not start). One difference from the full statement, by
+design: a claim that fills its limit reads no row behind it, where the full scan reads on to the
+next startable row, parking the keyed rows it passes over and reporting a rate-keyed one's next
+slot; those are parked (or reported) by the next claim, which a fetcher whose claim filled its
+room makes as soon as a slot frees. Nothing starts out of order or early
+(tests/backends/postgres/test_lean_claim_differential.py).
 """
 
 from __future__ import annotations
@@ -46,7 +103,7 @@ claim's scan reads the others and passes them over; the claim hands them to `rat
 
 
 def _claim_sql(*, limited: bool) -> str:
-    """The claim statement (see the comment above `STATEMENTS["claim"]`): without a global limit
+    """The claim statement (see the module's docstring): without a global limit
     the picked jobs with no key are claimed by the statement's own update and the others by
     `claim_picked_parking`; with one, every picked job goes to it."""
     held = "true" if limited else "concurrency_key IS NOT NULL OR rate_key IS NOT NULL"
@@ -135,7 +192,7 @@ def _claim_sql(*, limited: bool) -> str:
 
 
 def _claim_lean_sql() -> str:
-    """The lean claim (see the comment above `STATEMENTS["claim_lean"]`)."""
+    """The lean claim (see the module's docstring)."""
     cols = "id, priority, run_at, concurrency_key, max_concurrent"
     return (
         # The queue's earliest waiting row and rate wake time: due ones are the full claim's work.
@@ -188,73 +245,10 @@ def _claim_lean_sql() -> str:
 
 
 STATEMENTS: dict[str, sql.SQL] = {
-    # Due jobs come from two places (migration 0002): `available` rows (always due) in claim
-    # order from `jobs_available`, and scheduled/retryable rows that came due from
-    # `jobs_waiting` (queue, run_at), up to _PROMOTE_AT_ONCE of them, oldest first: neither scan
-    # reads a row that is not due. The best `limit` of both are claimed; the due waiting rows
-    # not claimed become `available` in the same statement, so the next claim finds them in
-    # claim order. Claim order (priority, then run_at, then id) is exact among due jobs unless
-    # more than _PROMOTE_AT_ONCE waiting rows came due at once: then the rest join at the next
-    # claims. Both scans lock with SKIP LOCKED; rows locked and not updated are free again at
-    # the statement's end. The next due time is the first not-due waiting row's, from
-    # `jobs_waiting` too (an `available` row is due: only a host whose clock runs behind the
-    # writer's can see one ahead of its time, and its next poll or wake-up finds it).
-    # The two UPDATEs take their rows by `id = ANY(ARRAY(...))`, a lookup
-    # in the primary key and no join: as `id IN (SELECT ...)`, a generic plan made while the
-    # table was empty (analyzed after a drain, or on a fresh deploy) joined the picked ids
-    # against a full scan of the primary key, ~0.3 s per claim once 10,000 jobs had arrived.
-    # Concurrency keys (migration 0006): both scans pass over a keyed job whose key is at its
-    # limit as this statement's snapshot sees it (`_KEY_FREE`, a probe of `jobs_running_key`), so
-    # a busy key holds back nothing behind it; keyed jobs picked are not claimed by the
-    # statement's own update but by `claim_picked_parking` (migration 0014, after 0013's
-    # `claim_picked`), called at its end, which decides under the keys' locks
-    # (`rules.admit_rated`, restated in SQL there): a claim is one round trip with limits
-    # or without.
-    # Parked jobs (migration 0011): `jobs_available` leaves parked rows out, and the scan of
-    # available rows reads them with their `_KEY_FREE` as a column, counting the free ones (a
-    # window whose run condition stops the index scan after `limit` free rows), and reads at
-    # most `PARK_AT_ONCE` rows more than `limit` (a LIMIT, under the window, not a bound on
-    # the window's row number: the planner prices a scan for the rows its LIMIT lets through,
-    # and a run condition is no LIMIT to it. Priced for every available row, the generic plan
-    # of a table whose available rows were ~10 % of it, beside the finished rows retention
-    # keeps, was a bitmap scan of all of them and a sort on disk, ~100 ms a claim: both plans
-    # carry the same large per-row price of the key and rate subplans, so their totals came
-    # within 1 % of each other, and a drain and an analyze made the sort the cheaper. Priced
-    # for a tenth of them (a LIMIT of a parameter), the ordered scan costs a tenth of the
-    # sort.) The keyed rows it passed over are parked, each only if the
-    # statement holds share locks (SKIP LOCKED) on at least its limit of its key's running rows:
-    # a row leaving `running` waits for those locks, then unparks in a snapshot of its own
-    # (`UNPARK_FREED`). The last row carries how many were parked: the claim looks again
-    # behind them.
-    # Rate keys (migration 0014): the scan reads a rate-keyed row with its verdict as a column
-    # (`_RATE_OPEN`, so the window's bound counts it), and the last row carries the ids it
-    # passed over for their rate, for `rate_park`, and the queue's earliest rate wake time,
-    # which the claim passes to `rate_release` once it has come: one round trip more for each,
-    # and only when there is something to park or a wake time has come. A picked job that
-    # `claim_picked_parking` refuses for its rate (under the key's lock, several of one key in
-    # one pick) is parked by it, through `rate_park`, in the same statement; its
-    # slot comes back in the last row with the others'.
     "claim": sql.SQL(_claim_sql(limited=False)),
     # Under a queue's global limit: every job picked goes to `claim_picked_parking`, which counts the
     # queue's running jobs under the queue's lock.
     "claim_limited": sql.SQL(_claim_sql(limited=True)),
-    # The lean claim of a queue with no global limit whose due jobs need none of the full
-    # claim's other CTEs: the lean prefix of the first `limit` available rows in claim order
-    # (rows with no rate key, and no concurrency key or one whose key has room as the
-    # statement's snapshot sees it, `_KEY_FREE`), through `jobs_available` as the full claim
-    # reads it. Its plain rows are claimed by its own update; its keyed ones go to
-    # `claim_picked`, which decides under the keys' locks in a snapshot of its own, as the full
-    # claim's keyed picks do, so the lean start can never put a key over its limit: a key
-    # that filled after the scan's snapshot, or more jobs of one key in the prefix than its
-    # room, start no more than the key's limit. It claims nothing when a scheduled or retryable job has come due (the full
-    # claim promotes it, and it may come first) or a rate wake time has come, and its last row
-    # says whether the full claim must run for the rest (those, a row behind the prefix that is
-    # not lean, or a keyed job `claim_picked` did not start): see `claim`. One difference from
-    # the full statement, by design: a claim that fills its limit reads no row behind it, where
-    # the full scan reads on to the next startable row, parking the keyed rows it passes over
-    # and reporting a rate-keyed one's next slot; those are parked (or reported) by the next
-    # claim, which a fetcher whose claim filled its room makes as soon as a slot frees. Nothing
-    # starts out of order or early (tests/backends/postgres/test_lean_claim_differential.py).
     "claim_lean": sql.SQL(_claim_lean_sql()),
     # Jobs a claim passed over for their rate, parked under their keys' locks; and a queue's
     # rate keys whose wake time came, brought back as far as their windows admit (migration 0014).
