@@ -21,15 +21,15 @@ import trio
 
 from .app import App, EnqueueOptions, JobKind
 from .backends import Backend, NewJob, Outbox, QueueCounts, TransactionalEnqueue
-from .backends.transitions import check_batch
 from .config import PUSH_POLL, check_name
 from .coordination.receipts import Receipts
 from .config import DEFAULT_QUEUE
 from .errors import ConfigError, QueueFull, RuntimeClosed
 from .infra.sync import Wakeup
 from .infra.threads import ThreadBudget
-from .jobs import Job, JobId, JobState, Receipt, _ExistingJobId, check_job_id, encode_payload
+from .jobs import Job, JobId, JobState, Receipt, check_job_id, encode_payload
 from .middleware import enqueue_through, hooks_of
+from .rules import check_batch
 
 __all__ = ["Client", "QueueStats"]
 
@@ -172,7 +172,7 @@ class Client:
         else:
             results = await self.backend.insert_many(jobs)
         await trio.lowlevel.cancel_shielded_checkpoint()
-        return [_ExistingJobId(i) if existing else JobId(i) for i, existing in results]
+        return JobId.of_many(results)
 
     def _bounds_for(self, jobs: Sequence[NewJob]) -> dict[str, int]:
         """The bounded queues among `jobs`' and their `max_length`; `QueueFull` at once for a
@@ -323,7 +323,7 @@ class Client:
                     max_length=full.max_length,
                     pending=full.pending,
                 ) from None
-        return [_ExistingJobId(i) if existing else JobId(i) for i, existing in results]
+        return JobId.of_many(results)
 
     async def enqueue_tx(
         self,

@@ -217,7 +217,7 @@ class QueueConfig:
     """Claim jobs for workers still running (durable backends, queues of 2 workers or more)."""
     max_length: int | None = attrs.field(default=None)
     """At most this many jobs of the queue wait to start (available, scheduled, retryable) for
-    an enqueue to be accepted (None: no bound); see `transitions.check_room`."""
+    an enqueue to be accepted (None: no bound); see `rules.check_room`."""
     push_timeout: float = attrs.field(default=5.0)
     """How long `enqueue` waits for room in a full bounded queue before `QueueFull`."""
 

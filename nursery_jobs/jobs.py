@@ -20,7 +20,7 @@ import math
 import traceback
 import types
 import typing
-from typing import Any, AsyncIterator, Callable, Generic, Iterator, Mapping, TypeVar, overload
+from typing import Any, AsyncIterator, Callable, Generic, Iterable, Iterator, Mapping, TypeVar, overload
 
 import attrs
 import msgspec
@@ -73,6 +73,12 @@ class JobId(int):
         # Two classes instead of an instance attribute: an int subclass with a __dict__ costs a
         # tracked dict per job, and enqueue_many returns one per job.
         return _ExistingJobId(value) if existing else JobId(value)
+
+    @staticmethod
+    def of_many(results: Iterable[tuple[int, bool]]) -> list[JobId]:
+        """The ids of a batch's (id, existing) pairs, in order: `of` for each, without a call
+        per job (`enqueue_many` returns one per job)."""
+        return [_ExistingJobId(value) if existing else JobId(value) for value, existing in results]
 
     def __repr__(self) -> str:
         return f"JobId({int(self)}{', existing=True' if self.existing else ''})"

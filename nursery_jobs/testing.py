@@ -245,7 +245,7 @@ async def open_test_backend(spec: str, folder: str | os.PathLike[str]) -> AsyncI
     backend: Backend
     drop: Callable[[], None] = lambda: None
     if spec in ("sqlite", "sqlite://"):
-        from .backends.sqlite import SqliteBackend
+        from .backends.sqlite.backend import SqliteBackend
 
         class DeterministicSqlite(SqliteBackend):
             _blocking_io = True
@@ -256,7 +256,9 @@ async def open_test_backend(spec: str, folder: str | os.PathLike[str]) -> AsyncI
         import psycopg
         from psycopg import sql
 
-        from .backends.postgres import PostgresBackend, migrate, parse_postgres_url
+        from .backends.postgres.backend import PostgresBackend
+        from .backends.postgres.schema import migrate
+        from .backends.postgres.url import parse_postgres_url
 
         class DeterministicPostgres(PostgresBackend):
             _blocking_io = True

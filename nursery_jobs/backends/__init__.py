@@ -1,7 +1,8 @@
-"""Storage behind one protocol: the protocol by capability (`protocol`), the job rules every
-backend applies (`transitions`), the backends by URL scheme (`registry`), and the backends
-themselves: `memory` (the embedded default), `sqlite` (one host, durable), `postgres` (many
-processes, many hosts). `rows` reads durable rows the runtime did not write itself.
+"""Storage behind one protocol: the protocol by capability (`protocol`), the backends by URL
+scheme (`registry`), and the backends themselves: `memory` (the embedded default), `sqlite` (one
+host, durable), `postgres` (many processes, many hosts). `rows` reads durable rows the runtime
+did not write itself. What a row becomes is not decided here: every backend applies the job
+rules of `nursery_jobs.rules`, which the executor reads too.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ them: priority descending, then `run_at`, then id) and jobs that wait for their 
 `version`, and an entry whose version no longer matches is dropped when it reaches the top.
 That keeps every operation O(log n) without searching heaps for a row to remove.
 
-Per-key limits (`transitions.admit`): a claim that meets a due job whose key is at its limit
+Per-key limits (`rules.admit`): a claim that meets a due job whose key is at its limit
 parks its heap entry under (key, limit) instead of putting it back, so later claims do not step
 over it again; whenever a job of that key leaves `running` (or a pending one is cancelled), the
 best parked entry of each (key, limit) goes back to the due heap, where the next claim weighs
@@ -21,10 +21,10 @@ queue (an insert, a retry or rescue to available, an unpark through `_woken`). T
 `outcomes_written` is not what covers it: without `global_max_workers` it only lets a fetcher
 that stopped for backpressure claim again. With one key per job, a wake-up per job was a
 measurable share of a keyed drain (issue 11). A claim asks
-`transitions.key_admits` per keyed job, which is `admit`'s per-key rule without building its
+`rules.key_admits` per keyed job, which is `admit`'s per-key rule without building its
 candidates.
 
-Rate limits (`transitions.admit_rated`): each rate key keeps the times of its latest starts
+Rate limits (`rules.admit_rated`): each rate key keeps the times of its latest starts
 (`_RateLog`, at most the largest limit its jobs carry). A due job over its key's rate is parked
 under the key in its queue, and the queue remembers when the key's next slot comes
 (`rate_wake`); a claim at or after that time brings back as many of the key's parked jobs as
@@ -54,11 +54,11 @@ import trio
 
 from ..errors import ConfigError, JobNotFound
 from ..jobs import MAX_ERRORS_KEPT, Job, JobError, JobState, decode_args
-from .rows import rescue_message
-from .transitions import (
+from ..rules import (
     PENDING, CancelAction, admit_rated, after_outcome, after_rescue, check_room, key_admits, on_cancel, rate_idle,
     rate_log, rate_release, rate_time, unparks,
 )  # fmt: skip
+from .rows import rescue_message
 from .protocol import (
     BackendEvent,
     Bounds,
@@ -407,7 +407,7 @@ class MemoryBackend:
         return results
 
     def _check_room(self, jobs: Sequence[NewJob], bounds: Bounds) -> dict[str, int]:
-        """`transitions.check_room` for each bounded queue of `jobs`, counting the jobs that
+        """`rules.check_room` for each bounded queue of `jobs`, counting the jobs that
         would be new (a unique key held, or met before in the batch, makes none); returns the
         new jobs per bounded queue. Changes nothing."""
         new: dict[str, int] = {}
@@ -692,7 +692,7 @@ class MemoryBackend:
         due = q.due
 
         def parked() -> Iterator[tuple[int, float]]:
-            """The live parked entries in claim order (`transitions.rate_release`): each one
+            """The live parked entries in claim order (`rules.rate_release`): each one
             goes back to the due heap when the next is asked for."""
             while heap:
                 entry = heap[0]

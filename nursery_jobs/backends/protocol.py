@@ -10,7 +10,7 @@ wake-ups flow from the backend to the runtime as events rather than being polled
 Capabilities:
 
 - `JobStore`: the jobs themselves (insert, claim, finish, heartbeat, rescue, cancel, retention,
-  reads). What a job's row becomes at each call is decided by `backends.transitions`: a store
+  reads). What a job's row becomes at each call is decided by the job rules (`nursery_jobs.rules`): a store
   applies those rules, it does not make its own.
 - `Notifier`: events to the runtime (`JobsAvailable`, `JobFinalized`, `CancelRequested`), and
   the backend's own background service.
@@ -46,7 +46,7 @@ import attrs
 import trio
 
 from ..jobs import Job, JobError, JobState
-from .transitions import OutcomeKind
+from ..rules import OutcomeKind
 
 __all__ = [
     "Backend",
@@ -259,8 +259,8 @@ class JobStore(Protocol):
 
         `bounds` (queue -> `max_length`, for the batch's bounded queues; None or empty: none):
         inside the same transaction, with the enqueues of each bounded queue serialized (any
-        process), the queue's `transitions.PENDING` jobs are counted with the batch's new ones
-        in and `transitions.check_room` decides; on `QueueFull` nothing of the batch is stored
+        process), the queue's `rules.PENDING` jobs are counted with the batch's new ones
+        in and `rules.check_room` decides; on `QueueFull` nothing of the batch is stored
         and nothing emitted. A job deduplicated by its unique key needs no room. Never waits
         for room: the caller does (`Client`)."""
         ...
@@ -274,14 +274,14 @@ class JobStore(Protocol):
         never taken; `limit` 0 takes nothing. Atomic: concurrent claims (any process) never
         return the same job. Emits nothing.
 
-        Limits (`transitions.admit` decides, in claim order): a job with a `concurrency_key` is
+        Limits (`rules.admit` decides, in claim order): a job with a `concurrency_key` is
         taken only while fewer than its `max_concurrent` jobs of that key are `running` (counted
         with the ones this claim takes), and with `max_running` no job is taken once that many
         jobs of `queue` are `running`. A job held back stays as it is (no attempt counted, no
         write) and the claim goes on with the next due job, so a key at its limit never holds
         back other keys. Exact under concurrent claims from any process.
 
-        Rate limits (`transitions.admit_rated`): a job with a `rate_key` is taken at `now()` only
+        Rate limits (`rules.admit_rated`): a job with a `rate_key` is taken at `now()` only
         if fewer than its `rate_limit` starts of that key were made in the `rate_per` seconds
         before (counted with the ones this claim takes; every claim of a job is a start, a
         retry's too), and each start is recorded with the key. A job over its rate is held back
@@ -290,7 +290,7 @@ class JobStore(Protocol):
         ...
 
     async def finish_many(self, outcomes: Sequence[Outcome]) -> None:
-        """End attempts: each outcome changes its job's row as `transitions.after_outcome`
+        """End attempts: each outcome changes its job's row as `rules.after_outcome`
         decides, and only if the job is still `running` under the outcome's attempt (a stale
         outcome, or one for a row that is not running or does not exist, is ignored: the row is
         left as it is and nothing is emitted for it). A final state sets `finalized_at` and
@@ -305,7 +305,7 @@ class JobStore(Protocol):
         ...
 
     async def cancel(self, job_id: int) -> JobState:
-        """`transitions.on_cancel`: a pending job is cancelled now (emits `JobFinalized`), a
+        """`rules.on_cancel`: a pending job is cancelled now (emits `JobFinalized`), a
         running one has its request recorded (emits `CancelRequested` the first time only), a
         final one is left alone. Returns the job's state after the call (RUNNING when a request
         was recorded). Raises `JobNotFound`."""
@@ -320,7 +320,7 @@ class JobStore(Protocol):
 
     async def rescue(self, stale_before: float) -> list[int]:
         """Every `running` job whose heartbeat is older than `stale_before`, or missing, ends
-        its attempt as `transitions.after_rescue` decides (the attempt counts as failed; a job
+        its attempt as `rules.after_rescue` decides (the attempt counts as failed; a job
         with no attempt left is discarded, one whose cancellation was requested is cancelled),
         with an error saying so (`rows.rescue_message`). Rows that are not `running` are left
         alone. Returns the rescued ids, ascending. Emits `JobsAvailable(queue)` /
@@ -337,7 +337,7 @@ class JobStore(Protocol):
         sweep). Pending and running rows are never deleted, whatever `before` names. A deleted
         job's failed and interrupted attempts leave `stats` with it. Also forgets (at most
         `limit` of) the rate keys whose latest start is older than their window: they limit
-        nothing any more (`transitions.rate_idle`). Emits nothing."""
+        nothing any more (`rules.rate_idle`). Emits nothing."""
         ...
 
     async def get_job(self, job_id: int) -> Job:

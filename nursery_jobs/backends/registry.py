@@ -105,14 +105,16 @@ def _memory(url: str) -> Backend:
 
 
 def _sqlite(url: str) -> Backend:
-    from .sqlite import SqliteBackend, parse_sqlite_url
+    from .sqlite.backend import SqliteBackend
+    from .sqlite.url import parse_sqlite_url
 
     path, synchronous, wake = parse_sqlite_url(url)
     return SqliteBackend(path, synchronous=synchronous, wake=wake)
 
 
 def _postgres(url: str) -> Backend:
-    from .postgres import PostgresBackend, parse_postgres_url
+    from .postgres.backend import PostgresBackend
+    from .postgres.url import parse_postgres_url
 
     conninfo, opts = parse_postgres_url(url)
     return PostgresBackend(conninfo, **opts)

@@ -31,6 +31,8 @@ from ..app import JobKind
 from ..errors import ArgsError, ConfigError, NurseryJobsError, UnknownJob
 from ..jobs import JobContext
 from ..infra.redact import redact
+from .failure import Failure, RunFailure
+from .loading import load_app
 from .logs import FORMATS, LEVELS
 
 __all__ = ["main"]
@@ -43,26 +45,6 @@ APP_ENV = "NURSERY_JOBS_APP"
 """The environment variable `enqueue` reads its ``--app MODULE:APP`` from when none is given."""
 
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-
-
-class Failure(click.ClickException):
-    """A user's error, shown as one line: ``nursery-jobs <command>: <message>``."""
-
-    exit_code = 2
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        ctx = click.get_current_context(silent=True)
-        self.command = ctx.command_path if ctx is not None else "nursery-jobs"
-
-    def show(self, file: object = None) -> None:
-        click.echo(f"{self.command}: {self.format_message()}", err=True)
-
-
-class RunFailure(Failure):
-    """What went wrong while running (a server that cannot be reached): exit code 1."""
-
-    exit_code = 1
 
 
 @click.group(context_settings=_CONTEXT)
@@ -132,7 +114,6 @@ def worker(app_spec: str, backend: str, queues: str | None, grace: float | None,
     """
     from ..runtime import Runtime
     from ..runtime import run as run_runtime
-    from .loading import load_app
     from .logs import configure
 
     configure(log_level, log_format)
@@ -255,7 +236,6 @@ def enqueue(
     from ..app import EnqueueOptions
     from ..backends import open_backend
     from ..infra.runner import run_trio
-    from .loading import load_app
 
     try:
         args = json.loads(args_json)
@@ -348,8 +328,8 @@ def migrate(database_url: str, schema: str | None) -> None:
     wait for each other. Run it before starting workers on a new database, and after
     upgrading nursery_jobs.
     """
-    from ..backends.postgres import migrate as apply_migrations
-    from ..backends.postgres import parse_postgres_url
+    from ..backends.postgres.schema import migrate as apply_migrations
+    from ..backends.postgres.url import parse_postgres_url
     from ..infra.pg import psycopg
 
     url = database_url

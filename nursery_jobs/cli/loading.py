@@ -24,7 +24,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ..app import App
-from . import Failure
+from .failure import Failure
 
 __all__ = ["load_app"]
 

@@ -14,7 +14,7 @@ handler wrapped by the asyncio bridge, wrapped by the app's middleware chain (`a
 mw(ctx, call_next)`, outermost first). With no middleware it is the same single direct call
 as a bare ``await fn(ctx, **args)``: the chain costs nothing until someone plugs into it. What an
 attempt's end means for the job (retry or discard, the backoff) is decided by `decide`, with the
-job rules of `backends.transitions`.
+job rules (`nursery_jobs.rules`).
 
 Nothing here writes: the executor hands `decide`'s outcome to the completer, and reports an
 attempt that did not complete with `report_failure`: one log line per failed or discarded
@@ -36,7 +36,7 @@ import trio
 from .._context import current_resources, get_enqueuer
 from ..app import BatchKind, JobKind
 from ..backends import ClaimedJob, Outcome, OutcomeKind
-from ..backends.transitions import on_failure
+from ..rules import on_failure
 from ..config import RetryPolicy
 from ..errors import ArgsError
 from ..infra.sync import Wakeup

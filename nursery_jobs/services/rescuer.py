@@ -4,7 +4,7 @@ Every `rescue_interval` (the first at start-up), any process -- enqueue-only one
 backend to rescue running jobs whose heartbeat is older than `rescue_after`: the attempt counts
 as failed (the worker may have done part of the work), and the job is available again, or
 discarded if it had no attempt left, or cancelled if its cancellation was requested
-(`backends.transitions.after_rescue`). A crashed process's jobs are runnable again at most about
+(`rules.after_rescue`). A crashed process's jobs are runnable again at most about
 `rescue_after + rescue_interval` after its last heartbeat. Failures are logged and tried again.
 """
 

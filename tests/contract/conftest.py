@@ -1,7 +1,7 @@
 """The contract suite: each backend protocol method called directly, for each starting state of
 a job, on every backend, checked against what the method's docstring promises
 (`nursery_jobs/backends/protocol.py`) and against the job rules
-(`nursery_jobs.backends.transitions`).
+(`nursery_jobs.rules`).
 
 Where the conformance suite runs the runtime end to end, this one plays the runtime's part
 itself: it puts a row in a state through the protocol (`common.in_state`: insert, claim,

@@ -1,6 +1,6 @@
 """`bounds` on the insert calls, called directly (`insert_many`, `insert_tx`, `relay`,
 `enqueue_tick`): the queue's pending jobs (available, scheduled, retryable; never running or
-final ones) counted with the call's new ones, `transitions.check_room` deciding, and on
+final ones) counted with the call's new ones, `rules.check_room` deciding, and on
 `QueueFull` nothing stored, nothing emitted, and a caller's transaction left as it was."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import trio
 
 import nursery_jobs as nj
 from nursery_jobs.backends import JobsAvailable, NewJob, Outbox, OutboxEvent, ScheduleStore, TransactionalEnqueue
-from nursery_jobs.backends.transitions import PENDING, check_room
+from nursery_jobs.rules import PENDING, check_room
 from tests.registry import TestBackend
 
 from .common import Q, STATE_OF, STARTS, in_state, listen, new, opened

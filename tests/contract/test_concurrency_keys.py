@@ -1,7 +1,7 @@
 """`claim` under the limits, called directly: a job whose concurrency key is at its
 `max_concurrent` is not claimed and holds back nothing else; jobs of one key start in claim
 order; the slot is the running row, freed by every way out of `running`; `max_running` bounds
-the queue (protocol.py's `claim` docstring, `transitions.admit`)."""
+the queue (protocol.py's `claim` docstring, `rules.admit`)."""
 
 from __future__ import annotations
 

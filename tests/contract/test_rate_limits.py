@@ -2,7 +2,7 @@
 `rate_limit` starts in the last `rate_per` seconds is not claimed (no attempt, no write) and
 holds back nothing else; the claim's `next_due` is the exact time the key's next slot frees;
 every attempt's start counts; keys are independent; a job may carry both limits
-(protocol.py's `claim` docstring, `transitions.admit_rated`, docs/rate_limits.md)."""
+(protocol.py's `claim` docstring, `rules.admit_rated`, docs/rate_limits.md)."""
 
 from __future__ import annotations
 

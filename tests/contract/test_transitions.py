@@ -16,7 +16,7 @@ import trio
 
 import nursery_jobs as nj
 from nursery_jobs.backends import CancelRequested, JobFinalized, JobsAvailable, NewJob, Outcome, OutcomeKind
-from nursery_jobs.backends.transitions import CancelAction, after_outcome, after_rescue, on_cancel
+from nursery_jobs.rules import CancelAction, after_outcome, after_rescue, on_cancel
 from nursery_jobs.jobs import MAX_ERRORS_KEPT
 
 from .common import NOT_RUNNING, STARTS, Q, counts as _counts, in_state as _in_state, new as _new, opened, running as _running

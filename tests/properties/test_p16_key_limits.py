@@ -4,7 +4,7 @@
 How: a drawn program of protocol calls on one backend -- inserts of keyed and unkeyed jobs (some
 scheduled later, drawn priorities), claims of drawn sizes, outcomes of every kind for drawn
 running jobs, cancels, rescues after drawn pauses -- and after every claim the rows as the
-backend reports them (`get_job`) checked against the rule (`transitions.admit`):
+backend reports them (`get_job`) checked against the rule (`rules.admit`):
 
 - the limits: per key, running jobs <= the key's limit; per queue, <= `max_running`;
 - no job held back without cause: a claim that took fewer than it asked left no due job whose

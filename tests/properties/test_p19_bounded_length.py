@@ -5,9 +5,9 @@ How: a drawn program of protocol calls on one backend -- bounded inserts of batc
 scheduled later, some with unique keys drawn from a small set, so that some deduplicate),
 claims, outcomes of every kind for drawn running jobs (retries and snoozes bring jobs back to
 waiting), cancels, rescues after drawn pauses -- and around every bounded insert the rows as
-the backend reports them (`get_job`), checked against the rule (`transitions.check_room`):
+the backend reports them (`get_job`), checked against the rule (`rules.check_room`):
 
-- the insert is accepted if and only if the queue's waiting jobs (`transitions.PENDING`) before
+- the insert is accepted if and only if the queue's waiting jobs (`rules.PENDING`) before
   it, plus the jobs of the batch that are new (a unique key not held by a job that is not final,
   counted once per batch), are at most `max_length`;
 - a refused insert (`QueueFull`) left every row as it was and made none;
@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import nursery_jobs as nj
 from nursery_jobs.backends import NewJob, Outcome, OutcomeKind
-from nursery_jobs.backends.transitions import PENDING
+from nursery_jobs.rules import PENDING
 
 from .audit import expect
 from .harness import MEMORY, Store, examples

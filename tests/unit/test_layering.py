@@ -5,15 +5,17 @@ circle closed by a type-only import is still a circle in the design. From the bo
 
 - `errors`, `infra` (the only owner of tasks; imports nothing of the library but `errors`)
 - `jobs`, `config`, `cron`, `_context` (the vocabulary; ContextVars only)
-- `backends` (the protocol by capability, the job rules, the stores)
+- `rules` (the job rules: what a job's row may become, with no I/O)
+- `backends` (the protocol by capability, the stores)
 - `app` (declarations; builds the jobs a backend stores)
 - `execution`, `coordination`, `services` (each part built with exactly what it uses)
 - `client` (enqueue, get, wait, cancel, stats)
 - `runtime` (the composition root), then `cli` and the package's `__init__`, and the testing kit
   (`testing`, `pytest_plugin`), which drives the runtime from above
 
-A part may import its own layer's modules and any layer below, never one above; and the import
-graph has no cycle.
+A part may import its own layer's modules and any layer below, never one above; the import graph
+has no cycle (a package's `__init__` and its modules included); and no layer imports a private
+name (`_x`) of another.
 """
 
 from __future__ import annotations
@@ -30,8 +32,12 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "nursery_jobs.jobs": ("nursery_jobs.errors",),
     "nursery_jobs.config": ("nursery_jobs.errors",),
     "nursery_jobs.cron": ("nursery_jobs.errors",),
+    "nursery_jobs.rules": ("nursery_jobs.errors", "nursery_jobs.jobs", "nursery_jobs.config"),
     "nursery_jobs._context": ("nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.backends.protocol"),
-    "nursery_jobs.backends": ("nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.backends"),
+    "nursery_jobs.backends": (
+        "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.rules",
+        "nursery_jobs.backends",
+    ),
     "nursery_jobs.middleware": ("nursery_jobs.errors", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.backends.protocol"),
     "nursery_jobs.app": (
         "nursery_jobs.errors", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.cron", "nursery_jobs._context",
@@ -39,19 +45,19 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     ),
     "nursery_jobs.execution": (
         "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs._context",
-        "nursery_jobs.backends", "nursery_jobs.middleware", "nursery_jobs.app", "nursery_jobs.execution",
+        "nursery_jobs.rules", "nursery_jobs.backends", "nursery_jobs.middleware", "nursery_jobs.app", "nursery_jobs.execution",
     ),
     "nursery_jobs.coordination": (
-        "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.backends",
-        "nursery_jobs.coordination",
+        "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.rules",
+        "nursery_jobs.backends", "nursery_jobs.coordination",
     ),
     "nursery_jobs.services": (
-        "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.backends",
-        "nursery_jobs.app", "nursery_jobs.execution.attempt", "nursery_jobs.services",
+        "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.rules",
+        "nursery_jobs.backends", "nursery_jobs.app", "nursery_jobs.execution.attempt", "nursery_jobs.services",
     ),
     "nursery_jobs.client": (
-        "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.backends",
-        "nursery_jobs.middleware", "nursery_jobs.app", "nursery_jobs.coordination",
+        "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.rules",
+        "nursery_jobs.backends", "nursery_jobs.middleware", "nursery_jobs.app", "nursery_jobs.coordination",
     ),
     "nursery_jobs.runtime": ("nursery_jobs",),
     "nursery_jobs.contrib": ("nursery_jobs",),  # the extras: on top of the public API, imported by nothing
@@ -70,21 +76,26 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _from_target(path: Path, node: ast.ImportFrom) -> str:
+    """The module a `from ... import` in `path` reads from, its dots resolved."""
+    if not node.level:
+        return node.module or ""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    base = package.split(".")
+    base = base[: len(base) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imports(path: Path) -> set[str]:
     """Every nursery_jobs module `path` imports, however and wherever it does."""
     name = _module_name(path)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("nursery_jobs"))
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _from_target(path, node)
             if not target.startswith("nursery_jobs"):
                 continue
             found.add(target)
@@ -125,8 +136,7 @@ def test_every_module_imports_only_its_own_layer_and_those_below() -> None:
 
 def test_the_import_graph_has_no_cycle() -> None:
     graph = _graph()
-    # a package's __init__ re-exporting its modules is not a dependency of those modules on it
-    edges = {m: {t for t in ts if t in graph and not m.startswith(t + ".")} for m, ts in graph.items()}
+    edges = {m: {t for t in ts if t in graph} for m, ts in graph.items()}
     state: dict[str, int] = {}
     cycle: list[str] = []
 
@@ -145,6 +155,22 @@ def test_the_import_graph_has_no_cycle() -> None:
         if module not in state and visit(module, [module]):
             break
     assert not cycle, " -> ".join(cycle)
+
+
+def test_no_layer_imports_a_private_name_of_another() -> None:
+    """A name with a leading underscore is its layer's own: another layer uses the module
+    through its public names only, so the private ones can change without looking outside."""
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_name(path)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            target = _from_target(path, node)
+            if not target.startswith("nursery_jobs") or _rule(target)[0] == _rule(module)[0]:
+                continue
+            wrong += [f"{module} imports {target}.{a.name}" for a in node.names if a.name.startswith("_")]
+    assert wrong == [], "\n".join(wrong)
 
 
 def test_the_check_sees_a_layer_broken() -> None:

@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 
 from nursery_jobs import JobState
-from nursery_jobs.backends.transitions import (
+from nursery_jobs.rules import (
     CancelAction,
     Next,
     OutcomeKind,

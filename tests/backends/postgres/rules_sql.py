@@ -30,7 +30,7 @@ import psycopg
 from psycopg import sql
 
 from nursery_jobs.backends import Outcome, OutcomeKind
-from nursery_jobs.backends import transitions as rules
+from nursery_jobs import rules
 from nursery_jobs.backends.postgres import _QUERIES, _int_array, _outcomes_json
 from nursery_jobs.errors import QueueFull
 from nursery_jobs.jobs import JobError, JobState

@@ -1,9 +1,9 @@
-"""`claim_picked` against `transitions.admit`, pick by pick.
+"""`claim_picked` against `rules.admit`, pick by pick.
 
 The function restates the rule in SQL (migration 0015, under the locks `lock_keys` takes,
 migration 0016): for random picks over a few keys, with one limit per key or limits that differ
 within a key, some of each key already running, with and without a queue's global limit, it
-starts the same jobs as `transitions.admit` and reports the same room left. Each case is
+starts the same jobs as `rules.admit` and reports the same room left. Each case is
 written, claimed and rolled back in one transaction on one connection."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import random
 import psycopg
 import pytest
 
-from nursery_jobs.backends.transitions import admit
+from nursery_jobs.rules import admit
 from tests import pgutil
 
 KEYS = (None, "a", "b", "c")

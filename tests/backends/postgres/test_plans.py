@@ -31,7 +31,7 @@ from psycopg import sql
 
 from nursery_jobs.backends import NewJob, Outcome, OutcomeKind
 from nursery_jobs.backends.postgres import _QUERIES, POOL_SESSION, PostgresBackend, _attempt_keys, _int_array, _outcomes_json
-from nursery_jobs.backends.transitions import PARK_AT_ONCE
+from nursery_jobs.rules import PARK_AT_ONCE
 from tests import pgutil
 
 SIZES = [1_000, 100_000, 1_000_000]

@@ -1,4 +1,4 @@
-"""The rate steps of `claim_picked` against `transitions.admit_rated`, pick by pick.
+"""The rate steps of `claim_picked` against `rules.admit_rated`, pick by pick.
 
 The function restates the rule in SQL (migration 0018): each rate key weighed at its
 `rate_time` (the claim's time, or the key's latest recorded start when that is later: a claim
@@ -17,7 +17,7 @@ import random
 import psycopg
 import pytest
 
-from nursery_jobs.backends.transitions import Candidate, admit_rated, rate_log, rate_slot, rate_time
+from nursery_jobs.rules import Candidate, admit_rated, rate_log, rate_slot, rate_time
 from tests import pgutil
 
 NOW = 1000.0
@@ -100,7 +100,7 @@ def test_claim_picked_weighs_rates_as_transitions_admit_rated_does(pg_url: str, 
 
 def test_rate_slot_in_sql_is_transitions_rate_slot(pg_url: str) -> None:
     """The SQL function (inlined into the claim's scan and `claim_picked`) on random records,
-    some with starts after the time asked about, as `transitions.rate_slot`."""
+    some with starts after the time asked about, as `rules.rate_slot`."""
     schema = pgutil.new_schema(pg_url)
     rng = random.Random(7)
     cases = []

@@ -4,7 +4,7 @@ A claim's time is read by its client before its statement waits for the key's lo
 claim whose time is later can take the lock first and commit. Replayed here deterministically,
 each backend with a clock of its own: by hand (the later time's claim simply runs first), and
 by the server's locks (a claim waits for the lock another transaction holds). The time a key
-is weighed at is taken once the lock is held (`transitions.rate_time`, migration 0018): never
+is weighed at is taken once the lock is held (`rules.rate_time`, migration 0018): never
 before the key's latest recorded start, and moved on by the wait for the lock. The starts the
 database recorded (`attempted_at`, and the key's record) are then in time order and hold the
 rate."""

@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from nursery_jobs.backends import transitions as rules
+from nursery_jobs import rules
 from nursery_jobs.jobs import JobState
 from tests import pgutil
 

@@ -12,8 +12,8 @@ from typing import Callable
 
 import pytest
 
-import nursery_jobs.backends.sqlite as sqlite_backend
-from nursery_jobs.backends import transitions
+import nursery_jobs.backends.sqlite.maintenance as sqlite_backend
+from nursery_jobs import rules as transitions
 from nursery_jobs.backends.sqlite import SqliteBackend
 
 NOW = 1000.0

@@ -20,7 +20,7 @@ decided here, once:
 - `admit` says which due jobs a claim may start under the per-key and per-queue limits: the
   one decision "may this job start", which every backend takes inside its claim (memory and
   SQLite call it on the candidates in claim order; PostgreSQL runs the same rule as SQL under
-  per-key locks, `claim_picked_parking` in `pg_migrations/0014_rate_parking.sql`; `key_admits` is
+  per-key locks, `claim_picked_parking` in `backends/pg_migrations/0014_rate_parking.sql`; `key_admits` is
   its per-key rule alone, for a claim that weighs one job at a time). A job's slot is its `running`
   row: there is no other record to free, so a job that leaves `running` by any transition
   above (an outcome, a rescue) frees it in the same write.
@@ -70,8 +70,8 @@ from __future__ import annotations
 import enum
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
-from ..errors import QueueFull
-from ..jobs import JobState
+from .errors import QueueFull
+from .jobs import JobState
 
 __all__ = [
     "CANCEL_WINS",
