@@ -123,10 +123,12 @@ async def test_a_version_1_schema_is_refused_then_upgraded_by_migrate(pg_url):
     import nursery_jobs as nj
     from nursery_jobs.backends.postgres import LATEST_VERSION, migrate
 
-    assert LATEST_VERSION == 19
+    assert LATEST_VERSION == 21
     schema = pgutil.new_schema(pg_url)
     with psycopg.connect(pg_url, autocommit=True) as conn:  # back to what version 1 left
         conn.execute(f'DELETE FROM "{schema}".migrations WHERE version >= 2')
+        conn.execute(f'DROP TABLE "{schema}".cache, "{schema}".cache_flights')  # back before version 21
+        conn.execute(f'DROP FUNCTION "{schema}".cache_lead')
         conn.execute(f'DROP SEQUENCE "{schema}".lock_fences')  # back before version 19
         conn.execute(f'DROP TABLE "{schema}".repair_cursor')  # back before version 15
         conn.execute(f'DROP TABLE "{schema}".rate_wakes')  # back before version 14
@@ -160,7 +162,7 @@ async def test_a_version_1_schema_is_refused_then_upgraded_by_migrate(pg_url):
             f'CREATE INDEX jobs_claim ON "{schema}".jobs (queue, priority DESC, run_at, id)'
             " WHERE state IN ('available', 'scheduled', 'retryable')"
         )
-    with pytest.raises(nj.ConfigError, match="is at version 1, this nursery_jobs needs 19"):
+    with pytest.raises(nj.ConfigError, match="is at version 1, this nursery_jobs needs 21"):
         async with nj.open_runtime(nj.App(), backend=PostgresBackend(pg_url, schema=schema), queues=[]):
             pass
     assert migrate(pg_url, schema) == ["0002_claim_due_only.sql", "0003_args_as_text.sql", "0004_plans_that_hold.sql", "0005_less_bloat.sql",
@@ -168,7 +170,7 @@ async def test_a_version_1_schema_is_refused_then_upgraded_by_migrate(pg_url):
                                        "0010_rate_limits.sql", "0011_parked_keys.sql", "0012_parked_counted.sql",
                                        "0013_claim_in_one_statement.sql", "0014_rate_parking.sql",
                                        "0015_claim_reasons.sql", "0016_lock_keys_planned_once.sql", "0017_unpark_wakes_its_queue.sql",
-                                       "0019_lock_fencing_tokens.sql"]
+                                       "0019_lock_fencing_tokens.sql", "0021_cache.sql"]
     with psycopg.connect(pg_url, autocommit=True) as conn:
         names = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s", (schema,))}
         (args_type,) = conn.execute(

@@ -45,10 +45,12 @@ def _reloptions(conn: psycopg.Connection[Any], schema: str) -> dict[str, str]:
 def test_migrate_sets_the_jobs_tables_autovacuum_thresholds_on_a_version_4_schema(pg_url: str) -> None:
     schema = pgutil.new_schema(pg_url)
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        assert LATEST_VERSION == 19
+        assert LATEST_VERSION == 21
         assert _reloptions(conn, schema) == EXPECTED  # a new schema has them
         # back to what version 4 left: no storage parameters
         conn.execute(f'DELETE FROM "{schema}".migrations WHERE version >= 5')
+        conn.execute(f'DROP TABLE "{schema}".cache, "{schema}".cache_flights')  # back before version 21
+        conn.execute(f'DROP FUNCTION "{schema}".cache_lead')
         conn.execute(f'DROP SEQUENCE "{schema}".lock_fences')  # back before version 19
         conn.execute(f'DROP TABLE "{schema}".repair_cursor')  # back before version 15
         conn.execute(f'DROP TABLE "{schema}".rate_wakes')  # back before version 14
@@ -83,10 +85,10 @@ def test_migrate_sets_the_jobs_tables_autovacuum_thresholds_on_a_version_4_schem
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout == f"schema '{schema}': applied 0005_less_bloat.sql, 0006_concurrency_keys.sql, 0008_schedules_and_locks.sql, 0009_outbox.sql, 0010_rate_limits.sql, 0011_parked_keys.sql, 0012_parked_counted.sql, 0013_claim_in_one_statement.sql, 0014_rate_parking.sql, 0015_claim_reasons.sql, 0016_lock_keys_planned_once.sql, 0017_unpark_wakes_its_queue.sql, 0019_lock_fencing_tokens.sql\n"
+    assert done.stdout == f"schema '{schema}': applied 0005_less_bloat.sql, 0006_concurrency_keys.sql, 0008_schedules_and_locks.sql, 0009_outbox.sql, 0010_rate_limits.sql, 0011_parked_keys.sql, 0012_parked_counted.sql, 0013_claim_in_one_statement.sql, 0014_rate_parking.sql, 0015_claim_reasons.sql, 0016_lock_keys_planned_once.sql, 0017_unpark_wakes_its_queue.sql, 0019_lock_fencing_tokens.sql, 0021_cache.sql\n"
     with psycopg.connect(pg_url, autocommit=True) as conn:
         assert _reloptions(conn, schema) == EXPECTED
-        assert schema_version(conn, schema) == 19
+        assert schema_version(conn, schema) == 21
         indexes = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s AND tablename = 'jobs'", (schema,))}
         assert indexes == {"jobs_pkey", "jobs_available", "jobs_waiting", "jobs_running", "jobs_running_unbeaten",
                            "jobs_finalized", "jobs_unique", "jobs_running_key", "jobs_parked", "jobs_parked_queue",
