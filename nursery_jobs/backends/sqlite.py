@@ -50,6 +50,7 @@ from ..errors import BackendUnavailable, ConfigError, JobNotFound
 from ..infra.threads import run_callers_io, run_sync_io
 from ..infra.wake import Wake, WakeRegistry
 from ..jobs import MAX_ERRORS_KEPT, Job, JobState
+from .cache_sqlite import SqliteCacheStore
 from .protocol import (
     BackendEvent,
     Bounds,
@@ -616,6 +617,7 @@ class SqliteBackend:
         self._tx_limiter = trio.CapacityLimiter(1)
         self.acquire_timeout = busy_timeout
         """The longest wait for the transaction connection (one transaction at a time)."""
+        self._cache: SqliteCacheStore | None = None
 
     def __repr__(self) -> str:
         return f"<SqliteBackend {self.path!r}>"
@@ -837,9 +839,25 @@ class SqliteBackend:
     def check_budget(self, workers: int) -> None:
         self._workers = workers if self._workers is None else max(self._workers, workers)
 
+    def cache_store(self) -> SqliteCacheStore:
+        if self._cache is None:
+            self._cache = SqliteCacheStore(
+                self.path,
+                clock=self._clock,
+                limiter=self._limiter,
+                busy_timeout=self._busy_timeout,
+                outage_timeout=self.outage_timeout,
+                blocking=self._blocking_io,
+                backend_open=lambda: self._conn is not None,
+                in_transaction=lambda: _in_transaction.get() is self,
+            )
+        return self._cache
+
     async def close(self) -> None:
         if self._wake is not None:
             self._wake.close()
+        if self._cache is not None:
+            await self._cache.close()
         conn, self._conn = self._conn, None
         if conn is not None:
             async with self._lock:
