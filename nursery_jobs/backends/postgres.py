@@ -113,6 +113,7 @@ from .protocol import (
     Route,
     ScheduleState,
 )
+from .cache_postgres import PgCacheStore
 from .rows import counts_from_rows, job_from_row
 from .transitions import PARK_AT_ONCE, PENDING, check_room, sql_case
 
@@ -451,6 +452,7 @@ class PostgresBackend:
         self._dbname: str | None = None
         """The database the pool's connections reach (known once open): `enqueue_tx` checks a
         caller's connection against it."""
+        self._cache: PgCacheStore | None = None
         self.url = redact(_display_url(params, schema), conninfo)
         """The database this backend uses, for logs and messages: user, hosts, ports, database
         and schema, never the password."""
@@ -685,6 +687,10 @@ class PostgresBackend:
         if kind == "o":
             self._emit([OutboxPublished()])
             return
+        if kind == "k":  # a cache key filled or freed by another process (cache_postgres)
+            if self._cache is not None:
+                self._cache.on_notify(ids)
+            return
         # Another process's outcome batch names up to 400 finalized ids: one event each, built
         # without the NamedTuple's Python-level __new__ (every process reads every batch).
         events: list[BackendEvent]
@@ -693,6 +699,11 @@ class PostgresBackend:
         else:
             events = [CancelRequested(int(text), False) for text in ids.split(",") if text.isdecimal()]
         self._emit(events)
+
+    def cache_store(self) -> PgCacheStore:
+        if self._cache is None:
+            self._cache = PgCacheStore(self)
+        return self._cache
 
     # -- protocol --
 
