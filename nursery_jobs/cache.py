@@ -452,9 +452,11 @@ class Cache:
         flight = self._flights.get(full)
         if flight is not None and not flight.refresh:
             value: T = await self._flight(key, full, fn, policy)
-        elif flight is None and not self.store.never_yields:
+        elif flight is None and not self.store.never_yields and full not in self._refreshing:
             # The read is the flight's first step: callers of a key that arrive while it is read
             # (or computed) wait for that one read (1,000 callers of a key read the store once).
+            # While the key's refresh waits to start, its callers read on their own instead, so
+            # that the reads of a busy key do not keep it from starting.
             value = await self._flight(key, full, fn, policy, read_first=True)
         else:
             entry = await self._read(full)
@@ -591,9 +593,10 @@ class Cache:
         read_first: bool,
         refresh: bool,
     ) -> tuple[Any, str | None]:
-        if read_first:
+        if read_first or refresh:
             entry = await self._read(full)
-            if entry is not None:
+            # A refresh computes unless another (here, or before it) already made the entry fresh.
+            if entry is not None and (not refresh or entry.fresh_until > self.store.now()):
                 return self._found(key, full, fn, policy, entry)
         flights = self._flights_store
         if flights is None:
@@ -687,7 +690,11 @@ class Cache:
         try:
             with trio.CancelScope(deadline=trio.current_time() + policy.wait_timeout) as scope:
                 self._refreshing[full] = scope
-                if self._closed or full in self._flights:
+                # A flight of the key in progress (the read that found the entry stale, or a
+                # computation) ends first; no read starts a flight meanwhile (`_get_or_compute`).
+                while (running := self._flights.get(full)) is not None:
+                    await running.done.wait()
+                if self._closed:
                     return
                 flight = self._flights[full] = _Flight()
                 flight.refresh = True

@@ -185,3 +185,35 @@ async def test_callers_of_a_key_in_one_process_read_the_store_once(pg_url: str) 
                 for _ in range(500):
                     nursery.start_soon(lambda: rt.cache.get_or_compute("hot", Counted(0), ttl=60))
             assert reads == 1
+
+
+async def test_a_stale_key_read_all_the_time_is_still_refreshed(pg_url: str) -> None:
+    """Callers of a key share its reads (one flight per read), so a busy key has a read in
+    flight nearly always: the refresh waits for it instead of giving up."""
+    schema = pgutil.new_schema(pg_url)
+    versions = iter(["v1", "v2", "v3"])
+
+    async def compute() -> str:
+        await trio.sleep(0.05)
+        return next(versions)
+
+    with trio.fail_after(30):
+        async with AsyncExitStack() as stack:
+            (rt,) = await _runtimes(stack, pg_url, schema, 1)
+            assert await rt.cache.get_or_compute("busy", compute, ttl=1, stale_ttl=600) == "v1"
+            await trio.sleep(1.1)
+            seen: list[str] = []
+            stop = trio.Event()
+
+            async def reader() -> None:
+                while not stop.is_set():
+                    seen.append(await rt.cache.get_or_compute("busy", compute, ttl=1, stale_ttl=600))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(20):
+                    nursery.start_soon(reader)
+                with trio.move_on_after(10):
+                    while "v2" not in seen:
+                        await trio.sleep(0.05)
+                stop.set()
+            assert "v2" in seen and seen[0] == "v1"
