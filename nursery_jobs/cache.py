@@ -671,8 +671,8 @@ class Cache:
     # -- stale-while-revalidate --
 
     def _refresh(self, key: str, full: str, fn: Callable[[], Awaitable[Any]], policy: _Policy) -> None:
-        """Start one refresh of a stale `key` in a task of the runtime, unless one runs (or a
-        computation of the key does), too many do, or the runtime is closing."""
+        """Start one refresh of a stale `key` in a task of the runtime, unless one of the key
+        runs already, too many run, or the runtime is closing."""
         if self._closed or full in self._refreshing or len(self._refreshing) >= MAX_REFRESHES:
             return
         owner = self._owner()
