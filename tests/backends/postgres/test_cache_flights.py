@@ -124,7 +124,8 @@ async def test_an_error_is_shared_through_the_table_when_kept_and_frees_the_key_
                         await a.cache.get_or_compute(key, failing, ttl=60, error_ttl=error_ttl, wait_timeout=20)
 
                 async def in_b() -> None:
-                    await trio.sleep(0.3)  # a leads
+                    while failing.calls == 0:  # a leads
+                        await trio.sleep(0.01)
                     try:
                         outcomes.append(await b.cache.get_or_compute(key, fallback, ttl=60, error_ttl=error_ttl, wait_timeout=20))
                     except nj.CachedError as exc:
