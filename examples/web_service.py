@@ -9,7 +9,10 @@
 (`rt.transaction()`): both are committed, or neither is, so no document is ever left unindexed
 by a crash between the two. It then waits up to 2 s for the job's receipt (`rt.wait`) and
 answers whether the document is indexed yet (`false` only means "not yet": the job is durable
-and runs anyway). `GET /docs/<id>` reads a document back.
+and runs anyway). `GET /docs/<id>` reads a document back through the cache (`rt.cache`): any
+number of requests for one document at once read the database once, a document is served from
+the cache for a minute, and one that does not exist is remembered as missing for 5 s (a POST
+forgets what the cache held for its new id).
 
 Shutdown drains. On SIGTERM (or Ctrl-C), `nj.run(main_grace=10)` does not cancel `main`: it sets
 `rt.shutdown_requested`, which is hypercorn's `shutdown_trigger`, so the server stops accepting,
@@ -22,7 +25,8 @@ Settings, from the environment: `JOBS_URL` (default `sqlite:///web_service.db`; 
 ``postgresql://`` URL works too, its schema migrated first with `nursery-jobs migrate`), `PORT`
 (8000), `INDEX_SECONDS` (how long an index job takes, 0.05).
 
-Docs: docs/transactions.md, "Embedding in a Trio web service", walks through this file.
+Docs: docs/transactions.md, "Embedding in a Trio web service", walks through this file;
+docs/cache.md says what the cache does.
 """
 
 from __future__ import annotations
@@ -103,6 +107,10 @@ def web_app(rt: nj.Runtime) -> Callable[[dict[str, Any], Receive, Send], Awaitab
     return asgi
 
 
+class NoSuchDoc(LookupError):
+    """Kept by the cache for 5 s: a missing document stays missing for a while."""
+
+
 async def post_doc(rt: nj.Runtime, receive: Receive, send: Send) -> None:
     try:
         text = json.loads(await read_body(receive))["text"]
@@ -116,19 +124,31 @@ async def post_doc(rt: nj.Runtime, receive: Receive, send: Send) -> None:
         cur = await conn.execute(f"INSERT INTO docs (body) VALUES ({P}) RETURNING id", (text,))
         (doc_id,) = await cur.fetchone()
         job_id = await index_doc.enqueue_tx(conn, doc_id=doc_id)
+    await rt.cache.delete(f"doc:{doc_id}")  # a "no such document" the cache kept for this id
     print(f"doc {doc_id} committed with job {job_id}", flush=True)
     receipt = await rt.wait(job_id, timeout=2.0)  # bounded: answers within 2 s, indexed or not
     await respond(send, 201, {"id": doc_id, "job": job_id, "indexed": receipt.state is nj.JobState.COMPLETED})
 
 
-async def get_doc(rt: nj.Runtime, doc_id: int, send: Send) -> None:
+async def load_doc(rt: nj.Runtime, doc_id: int) -> str:
     async with rt.transaction() as conn:
         cur = await conn.execute(f"SELECT body FROM docs WHERE id = {P}", (doc_id,))
         row = await cur.fetchone()
+    print(f"doc {doc_id} read from the database", flush=True)
     if row is None:
+        raise NoSuchDoc(f"no document {doc_id}")
+    return str(row[0])
+
+
+async def get_doc(rt: nj.Runtime, doc_id: int, send: Send) -> None:
+    try:
+        text = await rt.cache.get_or_compute(
+            f"doc:{doc_id}", lambda: load_doc(rt, doc_id), ttl=60, error_ttl=5, cache_errors=NoSuchDoc
+        )
+    except (NoSuchDoc, nj.CachedError):  # the one that looked, and those the cache told
         await respond(send, 404, {"error": f"no document {doc_id}"})
-    else:
-        await respond(send, 200, {"id": doc_id, "text": row[0]})
+        return
+    await respond(send, 200, {"id": doc_id, "text": text})
 
 
 # -- the service ------------------------------------------------------------------------------------

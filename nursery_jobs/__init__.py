@@ -26,11 +26,14 @@ from typing import Any as _Any
 from .app import App, BatchKind, JobKind
 from .backends import Backend, open_backend
 from .backends.memory import MemoryBackend
+from .cache import Cache, CacheCheck, CachedFunction, RequestCache, cached
 from .config import QueueConfig, Rate, RetryPolicy, RuntimeSettings
 from .errors import (
     ArgsError,
     BackendError,
     BackendUnavailable,
+    CachedError,
+    CacheWaitTimeout,
     ConfigError,
     JobNotFound,
     LockLost,
@@ -62,6 +65,11 @@ __all__ = [
     "BatchContext",
     "BatchJob",
     "BatchKind",
+    "Cache",
+    "CacheCheck",
+    "CacheWaitTimeout",
+    "CachedError",
+    "CachedFunction",
     "Client",
     "ConfigError",
     "Discard",
@@ -86,6 +94,7 @@ __all__ = [
     "QueueStats",
     "Rate",
     "Receipt",
+    "RequestCache",
     "Resource",
     "ResourceError",
     "Resources",
@@ -95,6 +104,7 @@ __all__ = [
     "RuntimeSettings",
     "Snooze",
     "UnknownJob",
+    "cached",
     "open_backend",
     "open_runtime",
     "publish",

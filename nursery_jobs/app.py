@@ -20,6 +20,7 @@ from ._context import get_enqueuer
 from .backends.protocol import NewJob
 from .config import (
     DEFAULT_QUEUE,
+    check_cache_key_part,
     QueueConfig,
     Rate,
     RetryPolicy,
@@ -471,6 +472,8 @@ class App:
         self._resources: dict[str, Resource[Any]] = {}
         self._subscriptions: dict[str, list[Subscription]] = {}
         self._periodic: dict[str, Periodic] = {}
+        self._cache_keys = ("default", "1")
+        """(namespace, version) of the app's cache keys (`cache_keys`)."""
 
     @property
     def queues(self) -> Mapping[str, QueueConfig]:
@@ -566,6 +569,14 @@ class App:
         handle: Resource[T] = Resource(name, fn)
         self._resources[name] = handle
         return handle
+
+    def cache_keys(self, *, namespace: str, version: str = "1") -> None:
+        """Name the app's cache keys: every key `rt.cache` and `nj.cached` store starts with
+        ``<namespace>:<version>:``. Give each service sharing a database its own `namespace`
+        (default ``"default"``), and change `version` when a deploy changes what a cached value
+        means: the old entries are then never read again, and expire. Each is 1 to 64 (version:
+        32) ASCII letters, digits, ``_ . -``; ConfigError otherwise."""
+        self._cache_keys = (check_cache_key_part("namespace", namespace), check_cache_key_part("version", version))
 
     def queue(
         self,

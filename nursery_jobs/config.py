@@ -92,6 +92,24 @@ def check_unique_key(value: Any, what: str = "unique_key", error: type[Exception
     return value
 
 
+CACHE_KEY_PARTS = {"namespace": 64, "version": 32}
+"""The longest cache namespace and version (`App.cache_keys`): every stored key starts with both."""
+
+
+def check_cache_key_part(what: str, value: Any) -> str:
+    """A cache namespace or version: 1 to `CACHE_KEY_PARTS[what]` ASCII letters, digits, ``_ . -``
+    (no ``:``, which separates them in a stored key)."""
+    limit = CACHE_KEY_PARTS[what]
+    if (
+        not isinstance(value, str)
+        or not 1 <= len(value) <= limit
+        or not value.isascii()
+        or not all(c.isalnum() or c in "_.-" for c in value)
+    ):
+        raise ConfigError(f"the cache {what} must be 1 to {limit} ASCII letters, digits, '_', '.' or '-', not {value!r}")
+    return value
+
+
 MAX_CONCURRENT = 2**31 - 1
 """The largest `max_concurrent` and `global_max_workers`: a 32-bit int, as PostgreSQL stores it."""
 

@@ -10,6 +10,8 @@ __all__ = [
     "ArgsError",
     "BackendError",
     "BackendUnavailable",
+    "CacheWaitTimeout",
+    "CachedError",
     "ConfigError",
     "DrainIncomplete",
     "JobNotFound",
@@ -117,3 +119,35 @@ class NotIdempotent(NurseryJobsError, AssertionError):
     """`nursery_jobs.testing.check_at_least_once` found a checkpoint of the handler where an
     interruption and a second run leave other effects than one clean run; the message names the
     checkpoint's file and line and shows both observations."""
+
+
+class CachedError(NurseryJobsError):
+    """`rt.cache.get_or_compute` (or `get`, or an `nj.cached` function) found a failure cached
+    for its key: the computation raised, and `error_ttl` kept that outcome (docs/cache.md).
+
+    The cache holds JSON only, so the original exception object is gone; what is kept is its
+    class and its message, never its traceback, arguments or chained causes. `type_name` is
+    the class's qualified name (``"myapp.errors.NotFound"``), `message` its text (cut to 4,096
+    characters), `key` the key it was cached under. `matches(cls)` says whether the original was
+    an instance of `cls` (its class or a base class of it, compared by qualified name)."""
+
+    def __init__(self, key: str, type_name: str, message: str, bases: tuple[str, ...] = ()) -> None:
+        short = type_name.rpartition(".")[2]
+        super().__init__(f"{short}: {message} (a cached error of key {key!r})" if message else f"{short} (a cached error of key {key!r})")
+        self.key = key
+        self.type_name = type_name
+        self.message = message
+        self.bases = bases
+        """The qualified names of the original class's bases, nearest first, up to `Exception`."""
+
+    def matches(self, cls: type[BaseException]) -> bool:
+        """True when the original exception was an instance of `cls`."""
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        return name == self.type_name or name in self.bases
+
+
+class CacheWaitTimeout(NurseryJobsError, TimeoutError):
+    """`rt.cache.get_or_compute(..., wait_timeout=...)` waited that long for another caller's
+    computation of the same key (in this process or, on PostgreSQL, in another) and it had not
+    ended; with ``on_wait_timeout="compute"`` the caller computes the value itself instead of
+    raising this. Raise `wait_timeout`, or make the computation faster."""

@@ -61,6 +61,7 @@ from .app import App
 from .backends import (
     Backend,
     BackendEvent,
+    Caching,
     CancelRequested,
     ClaimedJob,
     JobFinalized,
@@ -71,6 +72,7 @@ from .backends import (
     ScheduleStore,
     open_backend,
 )
+from .cache import Cache, current_cache
 from .client import REFUSED_OUTSIDE, Client, QueueStats
 from .config import RuntimeSettings
 from .coordination.locks import HeldLock, Locks, Release
@@ -138,6 +140,13 @@ class Runtime(Client):
             for name in queues
         }
         self.cancel_hints = CancelHints(backend, self.attempts)
+        cache_store = backend.cache_store() if isinstance(backend, Caching) else None
+        namespace, version = app._cache_keys
+        self._cache = (
+            Cache(cache_store, namespace=namespace, version=version, owner=lambda: self._task_owner)
+            if cache_store is not None
+            else None
+        )
         self.backend_service = ServiceSet([BackendService(backend)])
         self.services = ServiceSet(
             [
@@ -161,6 +170,7 @@ class Runtime(Client):
                     keep_completed=settings.keep_completed,
                     keep_cancelled=settings.keep_cancelled,
                     keep_discarded=settings.keep_discarded,
+                    cache=cache_store,
                 ),
             ]
         )
@@ -265,6 +275,16 @@ class Runtime(Client):
             "the attempt waits for), or runs under another runtime; once shutdown began only a running "
             "attempt may add work: enqueue before the handler returns"
         )
+
+    @property
+    def cache(self) -> Cache:
+        """The service's cache on the runtime's backend (docs/cache.md): `get`, `set`, `delete`,
+        `get_or_compute` (one computation per key at a time, cached errors, stale values served
+        while one task refreshes them), `request_scope`, `check`. Keys are namespaced by the
+        app (`App.cache_keys`). Raises ConfigError for a backend without a cache."""
+        if self._cache is None:
+            raise ConfigError(f"the backend {self.backend.url!r} has no cache (it does not implement Caching)")
+        return self._cache
 
     def _lock_store(self) -> Locks:
         if self._locks is None:
@@ -377,6 +397,8 @@ class Runtime(Client):
                     extra={"event": "shutdown_unwritten", "job_ids": unwritten, "backend": self.backend.url},
                 )
             self.periodic_service.stop()
+            if self._cache is not None:
+                self._cache.close()
             self.services.stop()
             self.backend_service.stop()
 
@@ -464,6 +486,7 @@ async def open_runtime(
     rt = Runtime(app, be, settings, names)
     token = current_enqueuer.set(rt)
     budget_token = current_budget.set(rt.threads)
+    cache_token = current_cache.set(rt._cache)
     close_by: float | None = None
     try:
         await be.open()  # idempotent: a caller's instance may be open already
@@ -514,6 +537,7 @@ async def open_runtime(
                     await be.close()
     finally:
         rt.threads.closed = True  # a task that outlived the runtime starts no thread
+        current_cache.reset(cache_token)
         current_budget.reset(budget_token)
         current_enqueuer.reset(token)
     if rt._exit is not None:

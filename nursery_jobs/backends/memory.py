@@ -58,6 +58,7 @@ from ..rules import (
     PENDING, CancelAction, admit_rated, after_outcome, after_rescue, check_room, key_admits, on_cancel, rate_idle,
     rate_log, rate_release, rate_time, unparks,
 )  # fmt: skip
+from .cache_memory import MemoryCacheStore
 from .rows import rescue_message
 from .protocol import (
     BackendEvent,
@@ -219,6 +220,7 @@ class MemoryBackend:
         self._wall_offset: float | None = None
         """Trio time minus Unix time, read once (`wall_offset`): the one mapping of wall-clock
         `run_at`s onto this backend's clock, shared by every runtime on this instance."""
+        self._cache: MemoryCacheStore | None = None
 
     def __repr__(self) -> str:
         return f"<MemoryBackend jobs={len(self._rows)}>"
@@ -230,6 +232,11 @@ class MemoryBackend:
         if self._wall_offset is None:
             self._wall_offset = trio.current_time() - time.time()
         return self._wall_offset
+
+    def cache_store(self) -> MemoryCacheStore:
+        if self._cache is None:
+            self._cache = MemoryCacheStore(self.now)
+        return self._cache
 
     # -- ScheduleStore --
 

@@ -24,6 +24,11 @@ Capabilities:
   (`rt.lock`, `rt.try_lock`).
 - `ScheduleStore`: periodic schedules' last ticks, and a tick's job enqueued exactly once
   across processes (a conditional update of the schedule's row, in the insert's transaction).
+- `Caching`: a backend that has a cache (`cache_store()`, one `CacheStore` per backend
+  instance): entries of JSON text with a freshness and an expiry, on the backend's clock;
+  `CacheFlights` where one computation per key can be had across processes (PostgreSQL). The
+  cache's rules (keys, single-flight, stale-while-revalidate, cached errors) are `nursery_jobs.cache`'s;
+  a store only keeps entries.
 - Per-key and per-queue concurrency limits are part of `claim` (a job carries its key and
   limit from `insert_many`; `claim` takes the queue's `max_running`): every backend enforces
   them, since a backend that ignored them would break the guarantee silently.
@@ -39,7 +44,7 @@ itself.
 
 from __future__ import annotations
 
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence, Union, runtime_checkable
 
 import attrs
@@ -52,6 +57,10 @@ __all__ = [
     "Backend",
     "BackendEvent",
     "Bounds",
+    "CacheEntry",
+    "CacheFlights",
+    "CacheStore",
+    "Caching",
     "CancelRequested",
     "ClaimResult",
     "ClaimedJob",
@@ -60,6 +69,7 @@ __all__ = [
     "JobFinalized",
     "JobStore",
     "JobsAvailable",
+    "KeyWatch",
     "Listener",
     "NewJob",
     "Notifier",
@@ -520,4 +530,100 @@ class LockStore(Protocol):
 
     async def release_lock(self, name: str, owner: str) -> None:
         """Free `name` if `owner` holds it (expired or not); nothing otherwise. Idempotent."""
+        ...
+
+
+class CacheEntry(NamedTuple):
+    """One cache entry as a store keeps it. Times are on the store's clock (`CacheStore.now`)."""
+
+    value: str
+    """JSON text: the value, or (`is_error`) the cached error's class and message."""
+    is_error: bool
+    fresh_until: float
+    """Until then the entry is fresh."""
+    expires_at: float
+    """At least `fresh_until`; from `fresh_until` to here the entry is stale (served while one
+    caller refreshes it), and from here on it is gone: no read returns it."""
+
+
+@runtime_checkable
+class CacheStore(Protocol):
+    """Cache entries by key. Keys reach a store already made safe by `nursery_jobs.cache`
+    (printable ASCII, no space, at most 400 characters), so a store keeps them as they are.
+    Every method is one short statement, bounded by the backend's own timeouts; none waits for
+    another caller's computation (`CacheFlights` does that)."""
+
+    url: str
+    """The backend's URL, password redacted."""
+    shared: bool
+    """True when other processes on the same database see the same entries (SQLite,
+    PostgreSQL); False for a store in this process only (memory)."""
+    never_yields: bool
+    """True if no call ever yields to other tasks (memory)."""
+
+    def now(self) -> float:
+        """The backend's clock, which entries' times are on."""
+        ...
+
+    async def get(self, key: str) -> CacheEntry | None:
+        """The entry of `key` if it has not expired (``expires_at > now()``); None otherwise.
+        An expired entry is never returned, however long it stays before `purge`."""
+        ...
+
+    async def set(self, key: str, entry: CacheEntry) -> None:
+        """Store `entry` as `key`'s, replacing any (one write, under the store's write lock)."""
+        ...
+
+    async def delete(self, key: str) -> None:
+        """Remove `key`'s entry, if any. Idempotent."""
+        ...
+
+    async def purge(self, limit: int) -> int:
+        """Delete at most `limit` expired entries (oldest expiry first); returns how many (the
+        caller calls again while it is `limit`, so no call is a long sweep). Reads never wait
+        for it: they ignore expired entries anyway."""
+        ...
+
+
+class KeyWatch(Protocol):
+    async def wait(self) -> None:
+        """Return once the watched key was filled or freed (`CacheFlights.fill`, in any
+        process) since the watch began or since the last `wait` returned; otherwise wait. The
+        caller bounds the wait (a notification is a hint, and may be lost: then read again)."""
+        ...
+
+
+@runtime_checkable
+class CacheFlights(Protocol):
+    """One computation per key across every process on the store: the process that computes
+    holds the key's flight (a row with an owner and an expiry, as a lock is), the others watch
+    the key and are told when it is filled."""
+
+    def watch(self, key: str) -> AbstractContextManager[KeyWatch]:
+        """Watch `key` for the block: fills and frees notified from then on wake `wait`."""
+        ...
+
+    async def lead(self, key: str, owner: str, until: float) -> tuple[bool, CacheEntry | None]:
+        """Take `key`'s flight for `owner` until `until` (on `now()`'s clock) if no other owner
+        holds it unexpired (an owner that holds it takes it again), and return (taken, the
+        key's entry as read after the attempt). If the entry read is fresh the flight is not
+        kept (taken is False then): the key was filled, by this call's time, by the flight
+        that ended before it. Of concurrent calls (any process) for a free flight, one takes
+        it."""
+        ...
+
+    async def fill(self, key: str, owner: str, entry: CacheEntry | None) -> None:
+        """End a computation of `key`: store `entry` (None: nothing to store, the computation
+        failed), free the flight if `owner` holds it, and wake every watcher of `key` (in
+        every process), all in one transaction."""
+        ...
+
+
+@runtime_checkable
+class Caching(Protocol):
+    """A backend with a cache."""
+
+    def cache_store(self) -> CacheStore:
+        """This backend instance's cache store (the same object at every call). It is usable
+        while the backend is open and closed with it."""
         ...

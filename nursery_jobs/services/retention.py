@@ -4,7 +4,9 @@ Every `retention_interval` the service deletes completed, cancelled and discarde
 than their `keep_*` period, at most `RETENTION_BATCH` rows per call: each call is a short
 transaction (no long lock, no statement timeout after downtime left a backlog), and it loops
 until a batch comes back short. Discarded jobs are kept longest (7 days by default): they are
-what an operator investigates. Failures are logged and tried again at the next interval.
+what an operator investigates. Expired cache entries go the same way, in batches of at most
+`RETENTION_BATCH` (reads ignore them already, so how late they go never matters for a value).
+Failures are logged and tried again at the next interval.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import logging
 
 import trio
 
-from ..backends import Backend
+from ..backends import Backend, CacheStore
 from ..jobs import JobState
 
 __all__ = ["RETENTION_BATCH", "Retention"]
@@ -28,9 +30,17 @@ class Retention:
     name = "retention"
 
     def __init__(
-        self, backend: Backend, *, interval: float, keep_completed: float, keep_cancelled: float, keep_discarded: float
+        self,
+        backend: Backend,
+        *,
+        interval: float,
+        keep_completed: float,
+        keep_cancelled: float,
+        keep_discarded: float,
+        cache: CacheStore | None = None,
     ) -> None:
         self._backend = backend
+        self._cache = cache
         self._interval = interval
         self._keep = {
             JobState.COMPLETED: keep_completed,
@@ -43,6 +53,7 @@ class Retention:
         while True:
             await trio.sleep(self._interval)
             await self.sweep()
+            await self.purge_cache()
 
     async def sweep(self) -> int:
         """Delete what is old enough now, in batches; returns how many rows went."""
@@ -72,3 +83,32 @@ class Retention:
                     extra={"event": "retention_deleted", "deleted": deleted, "backend": backend.url},
                 )
         return deleted
+
+    async def purge_cache(self) -> int:
+        """Delete the cache's expired entries now, in batches; returns how many went."""
+        cache = self._cache
+        if cache is None:
+            return 0
+        purged = 0
+        try:
+            while True:
+                batch = await cache.purge(RETENTION_BATCH)
+                purged += batch
+                if batch < RETENTION_BATCH:
+                    break
+                await trio.lowlevel.checkpoint()  # a store whose call never yields (memory)
+        except Exception:
+            log.exception(
+                "cache purge failed after deleting %d expired entries; retrying in %g s",
+                purged,
+                self._interval,
+                extra={"event": "cache_purge_failed", "deleted": purged, "backend": cache.url},
+            )
+        else:
+            if purged:
+                log.info(
+                    "retention deleted %d expired cache entries",
+                    purged,
+                    extra={"event": "cache_purged", "deleted": purged, "backend": cache.url},
+                )
+        return purged

@@ -78,6 +78,10 @@ PRINTS: dict[str, tuple[str, ...]] = {
     ),
     "hooks.py": ("CPU per attempt", "empty: ", "prometheus: ", "otel: ", "scrape under load", "smoke run: nothing judged"),
     "batches.py": ("batch 100 jobs/s (x single)", "\npostgres ", "\nsqlite ", "\nmemory "),
+    "cache.py": (
+        "memory get µs", "sqlite get µs", "sqlite set µs", "postgres get/s", "postgres set p50 ms",
+        "computations for", "slowest caller - computation ms", "plain Trio", "postgres, 3 processes", "smoke run: nothing judged",
+    ),
     "bounded_queues.py": (
         "bounded near full µs", "free / no bound", "smoke run: nothing judged", "\npostgres ", "\nsqlite ", "\nmemory ",
     ),

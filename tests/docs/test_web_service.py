@@ -1,8 +1,10 @@
-"""examples/web_service.py as a real process: POST requests, and a SIGTERM while one is in flight.
+"""examples/web_service.py as a real process: POST requests, and a SIGTERM while one is in flight;
+GET requests through the cache.
 
 The request in flight at the signal must get its whole answer, the process must exit 0, and
 nothing may be lost: every document's row and its index job are in the database afterwards,
-each job completed or still queued. On SQLite (a file in tmp) and on PostgreSQL (a fresh schema
+each job completed or still queued. Forty requests at once for one document read the database
+once, and a missing document is read once while the cache remembers it, until a POST makes it. On SQLite (a file in tmp) and on PostgreSQL (a fresh schema
 of the session's throwaway database; unreachable: skipped off CI, failed under CI=true).
 Every wait is bounded; the process is killed and reaped when the test ends, whatever happened.
 """
@@ -45,6 +47,16 @@ def wait_for(predicate: Any, timeout: float, what: str, proc: subprocess.Popen[b
         time.sleep(0.02)
 
 
+def get(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
 def post(port: int, text: str) -> tuple[int, dict[str, Any]]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
     try:
@@ -59,7 +71,13 @@ def post(port: int, text: str) -> tuple[int, dict[str, Any]]:
 def jobs_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'jobs.db'}"
+    import psycopg
+
     url = request.getfixturevalue("pg_url")
+    # The example's `docs` table is in the session database's own schema: each test starts
+    # with none, so its ids start at 1 whatever test ran there before.
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS docs")
     return f"{url}{'&' if '?' in url else '?'}schema={pgutil.new_schema(url)}"
 
 
@@ -113,3 +131,32 @@ def test_sigterm_while_a_request_waits_answers_it_and_loses_nothing(jobs_url, tm
     assert docs == {1: "first", 2: "in flight"}
     assert sorted(doc for _, doc in jobs.values()) == [1, 2]  # one index job per document
     assert all(state in ("completed", "available", "scheduled") for state, _ in jobs.values()), jobs
+
+
+def test_reads_of_a_document_go_through_the_cache(jobs_url, tmp_path):
+    port = free_port()
+    out, err = tmp_path / "web.out", tmp_path / "web.err"
+    env = {**os.environ, "JOBS_URL": jobs_url, "PORT": str(port), "INDEX_SECONDS": "0", "PYTHONUNBUFFERED": "1"}
+    with open(out, "wb") as fout, open(err, "wb") as ferr:
+        proc = subprocess.Popen([sys.executable, str(EXAMPLE)], stdin=subprocess.DEVNULL, stdout=fout, stderr=ferr, env=env)
+    try:
+        listening = f"Running on http://127.0.0.1:{port}"
+        wait_for(lambda: listening in err.read_text(), 20, "listening socket", proc, out, err)
+        assert get(port, "/docs/1") == (404, {"error": "no document 1"})
+        assert get(port, "/docs/1") == (404, {"error": "no document 1"})  # remembered: not read again
+        assert post(port, "cached")[0] == 201  # forgets the missing document 1
+        answers: list[tuple[int, dict[str, Any]]] = []
+        readers = [threading.Thread(target=lambda: answers.append(get(port, "/docs/1"))) for _ in range(40)]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(20)
+        assert answers == [(200, {"id": 1, "text": "cached"})] * 40
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0, err.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+    assert out.read_text().count("doc 1 read from the database") == 2  # once missing, once there
+    assert "Traceback" not in err.read_text()

@@ -22,6 +22,9 @@ import trio
 
 import nursery_jobs as nj
 from nursery_jobs.backends import (
+    CacheEntry,
+    CacheStore,
+    Caching,
     ClaimResult,
     HeartbeatResult,
     InsertResult,
@@ -48,6 +51,7 @@ class DelegatingBackend:
         self.url = f"{SCHEME}://{inner.url}"
         self.poll_interval = inner.poll_interval
         self.calls = 0
+        self._cache: DelegatingCacheStore | None = None
         """Async protocol calls made through this backend: a test can tell it was used."""
 
     async def _step(self) -> None:
@@ -151,6 +155,47 @@ class DelegatingBackend:
     async def release_lock(self, name: str, owner: str) -> None:
         await self._step()
         await self._lock_store().release_lock(name, owner)
+
+    # -- Caching: a store of its own over the inner backend's, made once --
+
+    def cache_store(self) -> CacheStore:
+        if self._cache is None:
+            inner = self.inner
+            assert isinstance(inner, Caching), f"{self.url}: the inner backend has no cache"
+            self._cache = DelegatingCacheStore(self.url, inner.cache_store())
+        return self._cache
+
+
+class DelegatingCacheStore:
+    """A `CacheStore` whose every call goes to `inner` after a checkpoint, as the backend's do.
+    It does not hand on `CacheFlights` (one computation across processes): a backend without it
+    still passes the suites, single-flight then holding within each process only."""
+
+    never_yields = False
+
+    def __init__(self, url: str, inner: CacheStore) -> None:
+        self.url = url
+        self.inner = inner
+        self.shared = inner.shared
+
+    def now(self) -> float:
+        return self.inner.now()
+
+    async def get(self, key: str) -> CacheEntry | None:
+        await trio.lowlevel.checkpoint()
+        return await self.inner.get(key)
+
+    async def set(self, key: str, entry: CacheEntry) -> None:
+        await trio.lowlevel.checkpoint()
+        await self.inner.set(key, entry)
+
+    async def delete(self, key: str) -> None:
+        await trio.lowlevel.checkpoint()
+        await self.inner.delete(key)
+
+    async def purge(self, limit: int) -> int:
+        await trio.lowlevel.checkpoint()
+        return await self.inner.purge(limit)
 
 
 def open_delegate(url: str) -> nj.Backend:

@@ -11,10 +11,13 @@ import nursery_jobs as nj
 QUICKSTART = Path(__file__).resolve().parents[2] / "docs" / "quickstart.md"
 
 EXPECTED = {
-    "App", "ArgsError", "AttemptEnd", "Backend", "BackendError", "BackendUnavailable", "BatchContext", "BatchJob", "BatchKind", "Client", "ConfigError", "Discard", "EnqueuedJob", "HeldLock", "Job", "JobContext", "JobError",
-    "JobId", "JobKind", "JobNotFound", "JobState", "LockLost", "LockTimeout", "LoopBlocked", "MemoryBackend", "Middleware", "NurseryJobsError", "PeriodicInfo", "QueueConfig", "QueueFull",
-    "QueueStats", "Rate", "Receipt", "Resource", "ResourceError", "Resources", "RetryPolicy", "Runtime", "RuntimeClosed", "RuntimeSettings",
-    "Snooze", "UnknownJob", "open_backend", "open_runtime", "publish", "run", "run_blocking",
+    "App", "ArgsError", "AttemptEnd", "Backend", "BackendError", "BackendUnavailable", "BatchContext", "BatchJob",
+    "BatchKind", "Cache", "CacheCheck", "CacheWaitTimeout", "CachedError", "CachedFunction", "Client", "ConfigError",
+    "Discard", "EnqueuedJob", "HeldLock", "Job", "JobContext", "JobError", "JobId", "JobKind", "JobNotFound",
+    "JobState", "LockLost", "LockTimeout", "LoopBlocked", "MemoryBackend", "Middleware", "NurseryJobsError",
+    "PeriodicInfo", "QueueConfig", "QueueFull", "QueueStats", "Rate", "Receipt", "RequestCache", "Resource",
+    "ResourceError", "Resources", "RetryPolicy", "Runtime", "RuntimeClosed", "RuntimeSettings", "Snooze",
+    "UnknownJob", "cached", "open_backend", "open_runtime", "publish", "run", "run_blocking",
 }  # fmt: skip
 
 

@@ -8,7 +8,7 @@ circle closed by a type-only import is still a circle in the design. From the bo
 - `rules` (the job rules: what a job's row may become, with no I/O)
 - `backends` (the protocol by capability, the stores)
 - `app` (declarations; builds the jobs a backend stores)
-- `execution`, `coordination`, `services` (each part built with exactly what it uses)
+- `execution`, `coordination`, `services` (each part built with exactly what it uses), `cache`
 - `client` (enqueue, get, wait, cancel, stats)
 - `runtime` (the composition root), then `cli` and the package's `__init__`, and the testing kit
   (`testing`, `pytest_plugin`), which drives the runtime from above
@@ -54,6 +54,10 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "nursery_jobs.services": (
         "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.rules",
         "nursery_jobs.backends", "nursery_jobs.app", "nursery_jobs.execution.attempt", "nursery_jobs.services",
+    ),
+    "nursery_jobs.cache": (
+        "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs._context",
+        "nursery_jobs.backends",
     ),
     "nursery_jobs.client": (
         "nursery_jobs.errors", "nursery_jobs.infra", "nursery_jobs.jobs", "nursery_jobs.config", "nursery_jobs.rules",

@@ -26,6 +26,7 @@ from ...errors import BackendUnavailable, ConfigError
 from ...infra.pg import PgPool, TrioConnection, listen, psycopg  # psycopg only through infra: import order
 from ...infra.redact import REDACTED, redact
 from ..protocol import BackendEvent, CancelRequested, JobFinalized, JobsAvailable, OutboxPublished
+from .cache import PgCacheStore
 from .claim import Claims
 from .connection import POOL_SESSION
 from .coordination import Coordination
@@ -65,6 +66,11 @@ class PostgresBackend(Coordination, Claims, Outcomes, Maintenance, Reads):
                 f"connections, but pool_size {self.pool_size} x pool_share {self.pool_share:g} = {allowed}; "
                 "raise pool_size, lower max_workers, or run fewer queues in this process"
             )
+
+    def cache_store(self) -> PgCacheStore:
+        if self._cache is None:
+            self._cache = PgCacheStore(self)
+        return self._cache
 
     async def open(self) -> None:
         if self._pool is not None:
@@ -161,6 +167,10 @@ class PostgresBackend(Coordination, Claims, Outcomes, Maintenance, Reads):
         kind, _, ids = payload.partition(":")
         if kind == "o":
             self._emit([OutboxPublished()])
+            return
+        if kind == "k":  # a cache key filled or freed by another process (cache.py)
+            if self._cache is not None:
+                self._cache.on_notify(ids)
             return
         # Another process's outcome batch names up to 400 finalized ids: one event each, built
         # without the NamedTuple's Python-level __new__ (every process reads every batch).

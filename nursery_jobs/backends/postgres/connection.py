@@ -26,6 +26,7 @@ from ...errors import BackendError, BackendUnavailable, ConfigError
 from ...infra.pg import ConnectFailed, PgPool, TrioConnection, psycopg, sql  # psycopg only through infra
 from ...infra.redact import redact, redact_exception
 from ..protocol import BackendEvent, Listener
+from .cache import PgCacheStore
 from .failures import FailureKind, failure_kind, one_line, sqlstate
 from .statements import QUERIES
 from .url import check_schema_name, check_statement_timeout, conninfo_params, display_url, split_options
@@ -153,6 +154,7 @@ class PostgresBase:
         self._dbname: str | None = None
         """The database the pool's connections reach (known once open): `enqueue_tx` checks a
         caller's connection against it."""
+        self._cache: PgCacheStore | None = None
         self.url = redact(display_url(params, schema), conninfo)
         """The database this backend uses, for logs and messages: user, hosts, ports, database
         and schema, never the password."""

@@ -22,7 +22,9 @@ import trio
 
 from ...infra.wake import Wake
 from ..protocol import BackendEvent, CancelRequested, JobFinalized, JobsAvailable, OutboxPublished
+from .cache import SqliteCacheStore
 from .claim import Claims
+from .connection import current_transaction
 from .coordination import Coordination
 from .maintenance import Maintenance
 from .outcomes import Outcomes
@@ -57,9 +59,25 @@ class SqliteBackend(Coordination, Claims, Outcomes, Maintenance, Reads):
     def check_budget(self, workers: int) -> None:
         self._workers = workers if self._workers is None else max(self._workers, workers)
 
+    def cache_store(self) -> SqliteCacheStore:
+        if self._cache is None:
+            self._cache = SqliteCacheStore(
+                self.path,
+                clock=self._clock,
+                limiter=self._limiter,
+                busy_timeout=self._busy_timeout,
+                outage_timeout=self.outage_timeout,
+                blocking=self._blocking_io,
+                backend_open=lambda: self._conn is not None,
+                in_transaction=lambda: current_transaction.get() is self,
+            )
+        return self._cache
+
     async def close(self) -> None:
         if self._wake is not None:
             self._wake.close()
+        if self._cache is not None:
+            await self._cache.close()
         conn, self._conn = self._conn, None
         if conn is not None:
             async with self._lock:

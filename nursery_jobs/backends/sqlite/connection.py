@@ -28,6 +28,7 @@ from ...errors import BackendUnavailable, ConfigError
 from ...infra.threads import from_io_thread, run_sync_io
 from ...infra.wake import Wake, WakeRegistry
 from ..protocol import BackendEvent, CancelRequested, JobFinalized, JobsAvailable, Listener, OutboxPublished
+from .cache import SqliteCacheStore
 from .schema import SCHEMA, SCHEMA_VERSION, upgrade
 
 __all__ = ["IDS_PER_STATEMENT", "SqliteBase", "current_transaction"]
@@ -83,6 +84,7 @@ class SqliteBase:
         self._tx_limiter = trio.CapacityLimiter(1)
         self.acquire_timeout = busy_timeout
         """The longest wait for the transaction connection (one transaction at a time)."""
+        self._cache: SqliteCacheStore | None = None
 
     def __repr__(self) -> str:
         return f"<SqliteBackend {self.path!r}>"
