@@ -428,7 +428,12 @@ def test_the_decorator_takes_async_functions_only() -> None:
 async def test_a_backend_without_a_cache_says_so(autojump_clock: Any) -> None:
     from tests.outoftree.backend import DelegatingBackend
 
-    async with nj.open_runtime(nj.App(), backend=DelegatingBackend(nj.MemoryBackend())) as rt:
+    class NoCache(DelegatingBackend):
+        """A backend that implements the job protocol and not `Caching`."""
+
+        cache_store = None  # type: ignore[assignment]
+
+    async with nj.open_runtime(nj.App(), backend=NoCache(nj.MemoryBackend())) as rt:
         with pytest.raises(nj.ConfigError, match="has no cache"):
             rt.cache
 
